@@ -1,0 +1,92 @@
+// Checkpoints: weights as safetensors (readable by any safetensors reader), optimizer
+// moments as a second safetensors file, trainer state as JSON — one directory per step,
+// written atomically (temp directory, fsync every file, rename), the last N kept.
+//
+// Layout of a run directory:
+//   <run>/config.json                 resolved config
+//   <run>/metrics.jsonl               one JSON object per log/eval event
+//   <run>/checkpoints/step_00001000/  model.safetensors  optimizer.safetensors  trainer.json
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pope/rng.hpp"
+#include "pope/tensor.hpp"
+
+namespace pope {
+
+// A missing, truncated or inconsistent checkpoint; the message names the file.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// ---- safetensors -------------------------------------------------------------------
+// File: u64 little-endian header length, JSON header {name: {dtype, shape, data_offsets},
+// "__metadata__": {string: string}}, then the raw little-endian data.
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype = DType::f32;   // F32, F64, BF16, I32, U16 on disk
+  Shape shape;
+  std::vector<std::uint8_t> bytes;
+};
+
+// Atomic write (temp + fsync + rename). Throws CheckpointError.
+void write_safetensors(const std::filesystem::path& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// Reads and validates (header JSON, offsets inside the file and non-overlapping, sizes
+// match dtype × shape). Throws CheckpointError naming the file and the problem.
+struct SafetensorsContents {
+  std::vector<SafetensorsTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  const SafetensorsTensor& at(const std::string& name) const;  // throws CheckpointError
+};
+SafetensorsContents read_safetensors(const std::filesystem::path& path);
+
+// ---- trainer checkpoints -----------------------------------------------------------
+struct TrainerState {
+  long step = 0;                        // optimizer steps completed
+  std::uint64_t samples_consumed = 0;   // training sampler position (global sample index)
+  Rng::State rng{};                     // trainer RNG (reserved for stochastic features)
+  std::string config_hash;              // hash of the resolved config that produced it
+  int consecutive_nonfinite = 0;
+  double last_val_loss = 0.0;
+  nlohmann::json to_json() const;
+  static TrainerState from_json(const nlohmann::json& json, const std::string& source);
+};
+
+// Host copies of everything a checkpoint holds. Parameters are stored per name (the
+// layout's specs) in fp32; m and v likewise under "m.<name>", "v.<name>".
+struct CheckpointData {
+  TrainerState state;
+  std::vector<float> params;   // flat, in the layout's arena order (padding included, zeros)
+  std::vector<float> adam_m;   // empty when weights-only
+  std::vector<float> adam_v;
+};
+
+// Writes <run_dir>/checkpoints/step_<step>/ atomically and deletes all but the newest
+// `keep_last` step directories. Returns the directory written.
+std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, const ParameterLayout& layout,
+                                      const CheckpointData& data, int keep_last);
+
+// `path` is a step directory or a run directory (then its newest checkpoint). Checks every
+// tensor of `layout` is present with its shape. weights_only skips optimizer and state.
+CheckpointData load_checkpoint(const std::filesystem::path& path, const ParameterLayout& layout,
+                               bool weights_only = false);
+
+// Newest complete step directory under <run_dir>/checkpoints, if any.
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& run_dir);
+
+// fsync'd atomic write of a small text file (config.json, trainer.json).
+void write_file_atomic(const std::filesystem::path& path, const std::string& contents);
+
+}  // namespace pope

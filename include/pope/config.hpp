@@ -1,0 +1,133 @@
+// The run configuration: typed structs with documented defaults (configs/README.md lists
+// every key), loaded from JSON, overridden with `--set a.b.c=value`, validated, and
+// written back (resolved) into the run directory.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace pope {
+
+// Every config problem: the JSON path (e.g. "model.n_head"), the file, and what was
+// expected. Tools map it to exit code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string path, const std::string& message);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct RopeScalingConfig {
+  std::string kind = "none";       // none | pi | ntk | dynamic_ntk | yarn
+  double factor = 1.0;             // s; for dynamic_ntk computed per length, this is ignored
+  double yarn_alpha = 1.0;         // YaRN ramp start (in rotations over the training length)
+  double yarn_beta = 32.0;         // YaRN ramp end
+  double yarn_temperature = 0.0;   // 0: the default 0.1·ln(s) + 1; otherwise this q/k multiplier
+};
+
+struct RopeConfig {
+  double base = 10000.0;
+  double fraction = 1.0;           // share of each head's channels that rotate (Table 9: 0.5)
+  RopeScalingConfig scaling;
+};
+
+struct PopeConfig {
+  double base = 10000.0;
+  std::string magnitude = "softplus";   // softplus | identity | relu  (Table 5 ablations)
+  bool learn_delta = true;              // false: the "no δ" ablation (δ ≡ 0, no parameter)
+  std::string delta_init = "zero";      // zero | uniform   (uniform: U(−2π, 0))
+  std::string scale = "inv_sqrt_d";     // inv_sqrt_d | inv_sqrt_2d
+};
+
+struct AlibiConfig {
+  double head_fraction = 1.0;      // share of heads with a slope (Table 9: 0.5); the rest NoPE
+};
+
+struct PositionConfig {
+  std::string kind = "pope";       // nope | rope | pope | alibi  (PJ-RoPE methods later)
+  RopeConfig rope;
+  PopeConfig pope;
+  AlibiConfig alibi;
+};
+
+struct ModelConfig {
+  int vocab_size = 50257;          // real vocabulary: logits past it are excluded from the loss
+  int padded_vocab_size = 50304;   // embedding rows (a multiple of 64 for fast GEMMs)
+  int n_layer = 12;
+  int n_head = 12;
+  int n_embd = 768;
+  int context_length = 1024;       // L_train: the length the model is trained at
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  PositionConfig position;
+
+  int head_dim() const { return n_embd / n_head; }
+};
+
+struct DataConfig {
+  std::string train = "";          // token file (llm.c shard or nanoGPT .bin), directory or glob
+  std::string val = "";            // empty: no validation
+};
+
+struct OptimConfig {
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  int warmup_steps = 1000;
+  std::string schedule = "cosine";  // cosine | linear | constant  (after warmup)
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.01;       // decoupled; 2-D weight matrices only
+  double grad_clip = 1.0;           // global norm; 0 disables
+};
+
+struct TrainConfig {
+  long steps = 100000;
+  int batch_size = 64;             // global batch in sequences = micro × accumulation × ranks
+  int micro_batch_size = 16;       // sequences per forward/backward
+  int seq_len = 1024;              // training window length (≤ model.context_length unless scaled)
+  std::uint64_t seed = 1337;
+  int log_every = 10;
+  int eval_every = 500;            // 0: never (a final evaluation still runs when val is set)
+  int eval_batches = 20;           // micro-batches of sequential validation windows
+  int checkpoint_every = 1000;     // 0: only at the end
+  int keep_checkpoints = 3;
+  int max_nonfinite_steps = 5;     // consecutive skipped updates before aborting
+  std::string device = "auto";     // auto | cpu | cuda
+  int threads = 0;                 // CPU threads; 0: all cores
+};
+
+struct RunConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  std::string out_dir = "";        // run directory; empty: runs/<config name>
+
+  // Micro-batches per optimizer step on `world_size` ranks (validated to divide exactly).
+  int grad_accumulation(int world_size = 1) const;
+};
+
+// Loads `path`; a bare name without '/' that does not exist is looked up in `configs/`
+// (next to the working directory, then the source tree). Overrides are "a.b.c=value"
+// strings applied before validation. Throws ConfigError.
+RunConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {});
+std::filesystem::path resolve_config_path(const std::filesystem::path& path);
+
+// From / to JSON (the complete, resolved form with every key). Throws ConfigError.
+RunConfig config_from_json(const nlohmann::json& json, const std::string& source = "<json>");
+nlohmann::json config_to_json(const RunConfig& config);
+void apply_override(nlohmann::json& json, const std::string& assignment);
+void validate(const RunConfig& config);  // ranges and cross-field rules; throws ConfigError
+
+// Stable hash of the resolved config (hex), stored in checkpoints to detect mismatched resumes.
+std::string config_hash(const RunConfig& config);
+
+}  // namespace pope

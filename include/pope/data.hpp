@@ -1,0 +1,100 @@
+// Token files and batch samplers.
+//
+// Two on-disk formats, detected automatically:
+//   llm.c shard: 256 × int32 header (magic 20240520, version 1, token count, rest 0) then
+//                the tokens as uint16 little-endian;
+//   nanoGPT:     headerless uint16 little-endian tokens (train.bin / val.bin).
+// Files are memory-mapped and validated when opened (size, header, every id < vocab).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pope {
+
+// A malformed or unreadable data file; the message names the file and what was expected.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class TokenFileFormat { llmc, nanogpt };
+
+constexpr std::int32_t kLlmcMagic = 20240520;
+constexpr std::int32_t kLlmcVersion = 1;
+constexpr std::size_t kLlmcHeaderInts = 256;
+
+class TokenFile {
+ public:
+  // Opens and validates; vocab_size > 0 checks every id (an id ≥ vocab_size is an error
+  // naming its index). Throws DataError.
+  static TokenFile open(const std::filesystem::path& path, int vocab_size);
+
+  std::span<const std::uint16_t> tokens() const { return tokens_; }
+  std::size_t size() const { return tokens_.size(); }
+  TokenFileFormat format() const { return format_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  TokenFileFormat format_ = TokenFileFormat::nanogpt;
+  std::shared_ptr<const void> mapping_;  // keeps the mmap alive
+  std::span<const std::uint16_t> tokens_;
+};
+
+// Writes an llm.c shard atomically (temp file, fsync, rename). Throws DataError.
+void write_llmc_shard(const std::filesystem::path& path, std::span<const std::uint16_t> tokens);
+
+// One or more token files read as one stream: `spec` is a file, a directory (every *.bin
+// inside, sorted) or a glob pattern over file names ("data/owt/train_*.bin").
+class TokenDataset {
+ public:
+  static TokenDataset open(const std::string& spec, int vocab_size);
+  const std::vector<TokenFile>& files() const { return files_; }
+  std::size_t total_tokens() const;
+
+  // Number of distinct windows of `length` tokens that fit inside single files.
+  std::uint64_t window_count(int length) const;
+  // Copies the window whose start is the `index`-th valid start (in file order).
+  void read_window(std::uint64_t start_index, int length, std::int32_t* out) const;
+
+ private:
+  std::vector<TokenFile> files_;
+};
+
+// Training windows at random offsets. Sample i of the run is a pure function of (seed, i),
+// so the sampler's state is one counter: resume restores it exactly, and ranks can take
+// disjoint sample indices of the same global batch.
+class RandomWindowSampler {
+ public:
+  RandomWindowSampler(const TokenDataset& dataset, int seq_len, std::uint64_t seed);
+  // Fills inputs/targets [batch × seq_len] with samples first_sample .. first_sample+batch−1.
+  void fill(std::uint64_t first_sample, int batch, std::int32_t* inputs, std::int32_t* targets) const;
+
+ private:
+  const TokenDataset* dataset_;
+  int seq_len_;
+  std::uint64_t seed_;
+};
+
+// Validation windows in order: window w covers tokens [w·T, w·T + T + 1) of the stream
+// (within one file); next() returns false after the last full window.
+class SequentialWindowSampler {
+ public:
+  SequentialWindowSampler(const TokenDataset& dataset, int seq_len);
+  std::uint64_t window_count() const;
+  // Fills up to `batch` windows starting at window `first`; returns how many were filled.
+  int fill(std::uint64_t first, int batch, std::int32_t* inputs, std::int32_t* targets) const;
+
+ private:
+  const TokenDataset* dataset_;
+  int seq_len_;
+  std::vector<std::uint64_t> windows_per_file_;
+};
+
+}  // namespace pope
