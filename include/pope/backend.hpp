@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "pope/position.hpp"
 #include "pope/tensor.hpp"
@@ -98,7 +99,7 @@ class Backend {
   virtual void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b,
                       double alpha = 1.0, double beta = 0.0) = 0;
 
-  // GELU, tanh approximation. backward writes dx = dout · gelu'(x).
+  // GELU, tanh approximation. backward writes dx = dout · gelu'(x) (dx may alias dout).
   virtual void gelu_forward(Tensor out, Tensor x) = 0;
   virtual void gelu_backward(Tensor dx, Tensor dout, Tensor x) = 0;
 
@@ -132,6 +133,12 @@ struct OwnedTensor {
   Tensor tensor;
 };
 OwnedTensor allocate_tensor(Backend& backend, Shape shape, DType dtype);
+
+// Host copies of an f32 or f64 tensor (checkpoints store fp32; losses are read in double). Throws
+// std::invalid_argument when the host span's size differs from the tensor's.
+std::vector<float> tensor_to_host_f32(Backend& backend, const Tensor& tensor);
+std::vector<double> tensor_to_host_f64(Backend& backend, const Tensor& tensor);
+void tensor_from_host_f32(Backend& backend, const Tensor& tensor, std::span<const float> values);
 
 // Backend factory: "cpu", "cuda" or "auto" (CUDA when a GPU is present, else CPU).
 // precision "float" | "double" selects the CPU backend's Real. Throws std::runtime_error

@@ -79,7 +79,7 @@ class PositionEncoding {
   // Parameters of one layer; names are relative ("delta"), the model prefixes
   // "layers.<i>.position.". Every shape starts with n_head and head h only touches row h,
   // which lets backends parallelise over heads without atomics.
-  virtual std::vector<ParamSpec> layer_parameters(int n_head, int head_dim) const { return {}; }
+  virtual std::vector<ParamSpec> layer_parameters(int /*n_head*/, int /*head_dim*/) const { return {}; }
   // Values for parameters whose spec says InitKind::custom (row-major, n_head leading).
   virtual void initialize_custom(std::size_t param_index, std::span<double> values, int n_head, int head_dim) const;
 

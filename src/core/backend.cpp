@@ -1,5 +1,10 @@
 #include "pope/backend.hpp"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
 namespace pope {
 
 OwnedTensor allocate_tensor(Backend& backend, Shape shape, DType dtype) {
@@ -8,6 +13,44 @@ OwnedTensor allocate_tensor(Backend& backend, Shape shape, DType dtype) {
   owned.buffer = backend.allocate(bytes == 0 ? 1 : bytes);
   owned.tensor = Tensor{owned.buffer.get(), dtype, backend.device(), std::move(shape)};
   return owned;
+}
+
+namespace {
+
+// Copies an f32 or f64 tensor to the host as Out, converting on the host side.
+template <class Out> std::vector<Out> to_host(Backend& backend, const Tensor& tensor) {
+  std::vector<Out> out(static_cast<std::size_t>(tensor.numel()));
+  if (tensor.dtype == dtype_of<Out>()) {
+    backend.copy_to_host(out.data(), tensor);
+  } else if (tensor.dtype == DType::f32) {
+    std::vector<float> narrow(out.size());
+    backend.copy_to_host(narrow.data(), tensor);
+    std::copy(narrow.begin(), narrow.end(), out.begin());
+  } else {
+    tensor.check_dtype(DType::f64);
+    std::vector<double> wide(out.size());
+    backend.copy_to_host(wide.data(), tensor);
+    std::transform(wide.begin(), wide.end(), out.begin(), [](double x) { return static_cast<Out>(x); });
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<float> tensor_to_host_f32(Backend& backend, const Tensor& tensor) { return to_host<float>(backend, tensor); }
+std::vector<double> tensor_to_host_f64(Backend& backend, const Tensor& tensor) { return to_host<double>(backend, tensor); }
+
+void tensor_from_host_f32(Backend& backend, const Tensor& tensor, std::span<const float> values) {
+  if (values.size() != static_cast<std::size_t>(tensor.numel()))
+    throw std::invalid_argument(
+        fmt::format("expected {} values for tensor {}, got {}", tensor.numel(), shape_string(tensor.shape), values.size()));
+  if (tensor.dtype == DType::f32) {
+    backend.copy_from_host(tensor, values.data());
+  } else {
+    tensor.check_dtype(DType::f64);
+    std::vector<double> wide(values.begin(), values.end());
+    backend.copy_from_host(tensor, wide.data());
+  }
 }
 
 }  // namespace pope

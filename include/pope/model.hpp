@@ -1,0 +1,96 @@
+// The GPT of paper-setups.md, written once over the Backend op set:
+//   token embedding → n_layer × [x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x))] → RMSNorm → tied LM head.
+// Attention carries the configured positional encoding; the MLP is d → 4d → d with GELU (tanh);
+// no biases; the vocabulary is padded and padded logits are excluded from the loss.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "pope/backend.hpp"
+#include "pope/config.hpp"
+#include "pope/position.hpp"
+#include "pope/tensor.hpp"
+
+namespace pope {
+
+// Parameter names and shapes of a model (also used without allocating, e.g. to count).
+ParameterLayout build_parameter_layout(const ModelConfig& config, const PositionEncoding& position);
+// Trainable parameters as the paper counts them: every layout entry, without the padded
+// vocabulary rows of the tied embedding.
+std::int64_t count_parameters(const ModelConfig& config, const ParameterLayout& layout);
+
+struct LossSum {
+  double sum = 0.0;    // Σ per-token NLL over unmasked targets
+  long count = 0;      // number of unmasked targets
+  double mean() const { return count > 0 ? sum / double(count) : 0.0; }
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& config, Backend& backend);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const ParameterLayout& layout() const { return layout_; }
+  const PositionEncoding& position() const { return *position_; }
+  Backend& backend() { return backend_; }
+  std::int64_t parameter_count() const { return count_parameters(config_, layout_); }
+
+  // Master weights and their gradients (parameter dtype, arena order).
+  Tensor parameters() const { return params_.tensor; }
+  Tensor gradients() const { return grads_.tensor; }
+  // Weights in the activation dtype used by forward/backward; the master tensor itself when
+  // the dtypes agree. Call refresh_compute_weights() after writing parameters() directly.
+  Tensor compute_weights() const;
+  void refresh_compute_weights();
+  std::vector<ParamSegment> segments() const;
+
+  // N(0, init_std) weights, N(0, init_std/√(2·n_layer)) residual projections, unit norm
+  // gains, zero padded vocabulary rows, the encoding's own initialisers. Deterministic.
+  void initialize(std::uint64_t seed);
+  // Host fp32 copies in arena order (see ParameterLayout), e.g. for checkpoints.
+  std::vector<float> parameters_to_host() const;
+  void parameters_from_host(std::span<const float> values);
+
+  void zero_gradients();
+
+  // Forward (and with `backward`, backward) of B sequences of T tokens. tokens/targets are
+  // host int32 [B·T]; targets < 0 are masked. Gradients ACCUMULATE, scaled so that the
+  // gradient equals grad_scale · d(Σ token losses). token_losses, if given, receives the
+  // per-token NLL [B·T] (0 where masked).
+  LossSum forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, double grad_scale);
+  LossSum forward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
+                  float* token_losses = nullptr);
+
+ private:
+  struct Activations;
+  LossSum run(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, bool backward,
+              double grad_scale, float* token_losses);
+  void reserve(int B, int T);
+  Tensor weight(std::size_t index) const;
+  Tensor grad(std::size_t index) const;
+  void backward_pass(int B, int T);
+
+  ModelConfig config_;
+  Backend& backend_;
+  std::unique_ptr<PositionEncoding> position_;
+  ParameterLayout layout_;
+  OwnedTensor params_, grads_, compute_;
+  bool separate_compute_ = false;
+
+  // Arena indices of each layer's tensors.
+  struct LayerIndex {
+    std::size_t attn_norm, qkv, attn_proj, mlp_norm, fc, mlp_proj;
+    std::vector<std::size_t> position;
+  };
+  std::size_t wte_ = 0, final_norm_ = 0;
+  std::vector<LayerIndex> layers_;
+  std::unique_ptr<Activations> acts_;
+};
+
+}  // namespace pope

@@ -1,0 +1,46 @@
+// The optimizer step: learning-rate schedule, global-norm clipping and AdamW (decoupled
+// weight decay on 2-D weight matrices only), with fp32 state in the parameter dtype.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "pope/backend.hpp"
+#include "pope/config.hpp"
+#include "pope/model.hpp"
+
+namespace pope {
+
+// Linear warmup over warmup_steps (step s < warmup: lr·(s+1)/warmup), then the configured
+// decay from lr to min_lr reached at total_steps: cosine, linear, or constant (stays at lr).
+// `step` is 0-based (the step about to be taken).
+double learning_rate(const OptimConfig& config, long step, long total_steps);
+
+struct OptimizerStepResult {
+  double grad_norm = 0.0;  // global L2 norm before clipping
+  double clip_scale = 1.0;
+  bool applied = false;    // false when the norm was not finite (update skipped)
+};
+
+class AdamW {
+ public:
+  AdamW(Model& model, const OptimConfig& config);
+
+  // Clips by global norm and applies one AdamW update with learning rate `lr`. `step` is
+  // the 1-based update count used for bias correction. A non-finite gradient norm leaves
+  // weights and moments untouched.
+  OptimizerStepResult step(long step, double lr);
+
+  // Moments as host fp32 (arena order) for checkpoints.
+  std::vector<float> first_moment_to_host() const;
+  std::vector<float> second_moment_to_host() const;
+  void moments_from_host(std::span<const float> m, std::span<const float> v);
+
+ private:
+  Model& model_;
+  OptimConfig config_;
+  OwnedTensor m_, v_;
+  std::vector<ParamSegment> segments_;
+};
+
+}  // namespace pope

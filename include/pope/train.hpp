@@ -1,0 +1,85 @@
+// The training loop: data → micro-batches with gradient accumulation → AdamW step, with
+// logging (console + metrics.jsonl), periodic validation and checkpoints, exact resume,
+// graceful stop on SIGINT/SIGTERM and a guard against non-finite losses.
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "pope/backend.hpp"
+#include "pope/checkpoint.hpp"
+#include "pope/config.hpp"
+#include "pope/data.hpp"
+#include "pope/model.hpp"
+#include "pope/optim.hpp"
+
+namespace pope {
+
+// Too many consecutive non-finite steps; the last good checkpoint is left as it was.
+class TrainingAborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainerOptions {
+  std::filesystem::path run_dir;   // empty: config.out_dir, else runs/<config file stem>
+  std::string resume;              // "" (fresh; refuses a run dir that has checkpoints), "auto", or a path
+  bool quiet = false;              // no console progress lines (tests)
+};
+
+enum class StopReason { finished, interrupted, terminated };
+
+struct TrainingSummary {
+  StopReason reason = StopReason::finished;
+  long steps_done = 0;             // optimizer steps completed in total (incl. before resume)
+  double last_train_loss = 0.0;
+  std::optional<double> last_val_loss;
+  std::filesystem::path last_checkpoint;
+  double seconds = 0.0;
+};
+
+class Trainer {
+ public:
+  // Builds backend, model, optimizer and data; resumes when asked. Throws ConfigError,
+  // DataError or CheckpointError with messages naming the offending key or file.
+  Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backend> backend = nullptr);
+  ~Trainer();
+
+  TrainingSummary train();
+  // Mean loss over the configured validation windows (requires data.val).
+  double evaluate();
+
+  Model& model() { return *model_; }
+  const RunConfig& config() const { return config_; }
+  const std::filesystem::path& run_dir() const { return run_dir_; }
+  long step() const { return state_.step; }
+
+  // Set by the signal handler: finish the current step, checkpoint, stop.
+  static void request_stop(int signal_number);
+  static void install_signal_handlers();
+
+ private:
+  void log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second, double eta_seconds);
+  void append_metrics(const nlohmann::json& record);
+  void save();
+  void restore(const std::filesystem::path& checkpoint);
+
+  RunConfig config_;
+  TrainerOptions options_;
+  std::filesystem::path run_dir_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<TokenDataset> train_data_, val_data_;
+  std::unique_ptr<RandomWindowSampler> train_sampler_;
+  std::unique_ptr<SequentialWindowSampler> val_sampler_;
+  TrainerState state_;
+  std::filesystem::path last_checkpoint_;
+  std::shared_ptr<void> logger_;
+};
+
+}  // namespace pope

@@ -1,0 +1,41 @@
+// Picks the backend for `--device`: the CPU reference, or CUDA when built with it and a
+// GPU is present.
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "cpu/cpu_backend.hpp"
+#include "pope/backend.hpp"
+#ifdef POPE_HAVE_CUDA
+#include "cuda/cuda_device.hpp"
+#endif
+
+namespace pope {
+
+bool cuda_available() {
+#ifdef POPE_HAVE_CUDA
+  return cuda_device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision, int threads) {
+  if (device == "cpu" || device == "auto") {
+    // The CUDA training backend is not part of this build yet, so "auto" means the CPU.
+    return make_cpu_backend(cpu_precision, threads);
+  }
+  if (device == "cuda") {
+#ifdef POPE_HAVE_CUDA
+    if (!cuda_available()) throw std::runtime_error("--device cuda: no CUDA device is visible on this machine");
+    throw std::runtime_error(fmt::format("--device cuda: found {}, but CUDA training is not implemented yet in this "
+                                         "version; use --device cpu",
+                                         cuda_device_summary(0)));
+#else
+    throw std::runtime_error("--device cuda: this build has no CUDA backend (nvcc was not found at configure time)");
+#endif
+  }
+  throw std::invalid_argument(fmt::format("unknown device '{}': expected auto, cpu or cuda", device));
+}
+
+}  // namespace pope

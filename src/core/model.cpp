@@ -1,0 +1,316 @@
+#include "pope/model.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "pope/rng.hpp"
+
+namespace pope {
+
+namespace {
+
+// Rows of the classifier processed at once: bounds the logits buffer to rows × padded vocab
+// (the full B·T × V matrix is never stored).
+constexpr int kClassifierRows = 1024;
+
+std::string layer_name(int layer, const char* what) { return fmt::format("layers.{}.{}", layer, what); }
+
+}  // namespace
+
+ParameterLayout build_parameter_layout(const ModelConfig& c, const PositionEncoding& position) {
+  const std::int64_t C = c.n_embd;
+  const double std = c.init_std;
+  const double residual_std = c.init_std / std::sqrt(2.0 * c.n_layer);
+  ParameterLayout layout;
+  layout.add({"wte.weight", {c.padded_vocab_size, C}, true, InitKind::normal, std});
+  for (int l = 0; l < c.n_layer; ++l) {
+    layout.add({layer_name(l, "attn_norm.weight"), {C}, false, InitKind::ones});
+    layout.add({layer_name(l, "attn.qkv.weight"), {3 * C, C}, true, InitKind::normal, std});
+    layout.add({layer_name(l, "attn.proj.weight"), {C, C}, true, InitKind::normal, residual_std});
+    for (ParamSpec spec : position.layer_parameters(c.n_head, c.head_dim())) {
+      spec.name = layer_name(l, ("position." + spec.name).c_str());
+      spec.weight_decay = false;  // positional parameters are never decayed
+      layout.add(std::move(spec));
+    }
+    layout.add({layer_name(l, "mlp_norm.weight"), {C}, false, InitKind::ones});
+    layout.add({layer_name(l, "mlp.fc.weight"), {4 * C, C}, true, InitKind::normal, std});
+    layout.add({layer_name(l, "mlp.proj.weight"), {C, 4 * C}, true, InitKind::normal, residual_std});
+  }
+  layout.add({"final_norm.weight", {C}, false, InitKind::ones});
+  return layout;
+}
+
+std::int64_t count_parameters(const ModelConfig& config, const ParameterLayout& layout) {
+  std::int64_t n = 0;
+  for (const auto& spec : layout.specs()) n += shape_numel(spec.shape);
+  return n - std::int64_t(config.padded_vocab_size - config.vocab_size) * config.n_embd;
+}
+
+// Everything the backward pass needs from the forward, per layer, for one B × T.
+struct Model::Activations {
+  int B = 0, T = 0;
+  OwnedTensor tokens, targets;                 // i32 [N]
+  std::vector<OwnedTensor> residual;           // n_layer + 1 of [N, C]: input of each layer, final output
+  std::vector<OwnedTensor> residual_mid;       // after attention, before the MLP
+  std::vector<OwnedTensor> norm1, norm2;       // RMSNorm outputs [N, C]
+  std::vector<OwnedTensor> rstd1, rstd2;       // [N]
+  std::vector<OwnedTensor> qkv, attn, lse;     // [N, 3C], [N, C], [B, H, T]
+  std::vector<OwnedTensor> fc_pre, fc_act;     // [N, 4C]
+  OwnedTensor final_norm, final_rstd;          // [N, C], [N]
+  OwnedTensor logits, losses;                  // [rows, Vp], [N]
+  // Backward scratch.
+  OwnedTensor d_residual, d_norm, d_attn, d_qkv, d_fc;
+};
+
+Model::Model(const ModelConfig& config, Backend& backend)
+    : config_(config), backend_(backend), position_(make_position_encoding(config)) {
+  layout_ = build_parameter_layout(config_, *position_);
+  const BackendDTypes dt = backend_.dtypes();
+  params_ = allocate_tensor(backend_, {layout_.total_numel()}, dt.parameter);
+  grads_ = allocate_tensor(backend_, {layout_.total_numel()}, dt.parameter);
+  separate_compute_ = dt.activation != dt.parameter;
+  if (separate_compute_) compute_ = allocate_tensor(backend_, {layout_.total_numel()}, dt.activation);
+
+  wte_ = layout_.index_of("wte.weight");
+  final_norm_ = layout_.index_of("final_norm.weight");
+  const auto position_specs = position_->layer_parameters(config_.n_head, config_.head_dim());
+  for (int l = 0; l < config_.n_layer; ++l) {
+    LayerIndex li{};
+    li.attn_norm = layout_.index_of(layer_name(l, "attn_norm.weight"));
+    li.qkv = layout_.index_of(layer_name(l, "attn.qkv.weight"));
+    li.attn_proj = layout_.index_of(layer_name(l, "attn.proj.weight"));
+    li.mlp_norm = layout_.index_of(layer_name(l, "mlp_norm.weight"));
+    li.fc = layout_.index_of(layer_name(l, "mlp.fc.weight"));
+    li.mlp_proj = layout_.index_of(layer_name(l, "mlp.proj.weight"));
+    for (const auto& spec : position_specs) li.position.push_back(layout_.index_of(layer_name(l, ("position." + spec.name).c_str())));
+    layers_.push_back(std::move(li));
+  }
+}
+
+Model::~Model() = default;
+
+Tensor Model::compute_weights() const { return separate_compute_ ? compute_.tensor : params_.tensor; }
+
+void Model::refresh_compute_weights() {
+  if (separate_compute_) backend_.convert(compute_.tensor, params_.tensor);
+}
+
+Tensor Model::weight(std::size_t index) const { return layout_.view(compute_weights(), index); }
+Tensor Model::grad(std::size_t index) const { return layout_.view(grads_.tensor, index); }
+
+std::vector<ParamSegment> Model::segments() const {
+  std::vector<ParamSegment> segments;
+  for (std::size_t i = 0; i < layout_.specs().size(); ++i) {
+    const auto& spec = layout_.specs()[i];
+    segments.push_back({layout_.offset(i), shape_numel(spec.shape), spec.weight_decay});
+  }
+  return segments;
+}
+
+void Model::initialize(std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<double> values(static_cast<std::size_t>(layout_.total_numel()), 0.0);
+  const int d = config_.head_dim();
+  for (std::size_t i = 0; i < layout_.specs().size(); ++i) {
+    const ParamSpec& spec = layout_.specs()[i];
+    double* p = values.data() + layout_.offset(i);
+    // Padded vocabulary rows of the embedding stay zero: never looked up, never in the loss.
+    const std::int64_t n = i == wte_ ? std::int64_t(config_.vocab_size) * config_.n_embd : shape_numel(spec.shape);
+    switch (spec.init) {
+      case InitKind::normal:
+        for (std::int64_t k = 0; k < n; ++k) p[k] = spec.init_a * rng.normal();
+        break;
+      case InitKind::uniform:
+        for (std::int64_t k = 0; k < n; ++k) p[k] = rng.uniform(spec.init_a, spec.init_b);
+        break;
+      case InitKind::ones: std::fill(p, p + n, 1.0); break;
+      case InitKind::zeros: std::fill(p, p + n, 0.0); break;
+      case InitKind::custom: {
+        // Only positional parameters use custom initialisers; find which entry this is.
+        const auto specs = position_->layer_parameters(config_.n_head, d);
+        const std::string suffix = spec.name.substr(spec.name.find(".position.") + 10);
+        const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == suffix; });
+        position_->initialize_custom(static_cast<std::size_t>(it - specs.begin()),
+                                     std::span<double>(p, static_cast<std::size_t>(n)), config_.n_head, d);
+        break;
+      }
+    }
+  }
+  if (params_.tensor.dtype == DType::f64) {
+    backend_.copy_from_host(params_.tensor, values.data());
+    refresh_compute_weights();
+  } else {
+    parameters_from_host(std::vector<float>(values.begin(), values.end()));
+  }
+}
+
+std::vector<float> Model::parameters_to_host() const { return tensor_to_host_f32(backend_, params_.tensor); }
+
+void Model::parameters_from_host(std::span<const float> values) {
+  tensor_from_host_f32(backend_, params_.tensor, values);
+  refresh_compute_weights();
+}
+
+void Model::zero_gradients() { backend_.fill(grads_.tensor, 0.0); }
+
+void Model::reserve(int B, int T) {
+  if (acts_ && acts_->B == B && acts_->T == T) return;
+  acts_.reset();  // free the old set before allocating the new one
+  auto a = std::make_unique<Activations>();
+  a->B = B;
+  a->T = T;
+  const std::int64_t N = std::int64_t(B) * T, C = config_.n_embd, H = config_.n_head;
+  const DType act = backend_.dtypes().activation, stat = backend_.dtypes().statistic;
+  auto alloc = [&](Shape s, DType t) { return allocate_tensor(backend_, std::move(s), t); };
+  a->tokens = alloc({N}, DType::i32);
+  a->targets = alloc({N}, DType::i32);
+  for (int l = 0; l <= config_.n_layer; ++l) a->residual.push_back(alloc({N, C}, act));
+  for (int l = 0; l < config_.n_layer; ++l) {
+    a->residual_mid.push_back(alloc({N, C}, act));
+    a->norm1.push_back(alloc({N, C}, act));
+    a->norm2.push_back(alloc({N, C}, act));
+    a->rstd1.push_back(alloc({N}, stat));
+    a->rstd2.push_back(alloc({N}, stat));
+    a->qkv.push_back(alloc({N, 3 * C}, act));
+    a->attn.push_back(alloc({N, C}, act));
+    a->lse.push_back(alloc({B, H, T}, stat));
+    a->fc_pre.push_back(alloc({N, 4 * C}, act));
+    a->fc_act.push_back(alloc({N, 4 * C}, act));
+  }
+  a->final_norm = alloc({N, C}, act);
+  a->final_rstd = alloc({N}, stat);
+  a->logits = alloc({std::min<std::int64_t>(N, kClassifierRows), config_.padded_vocab_size}, act);
+  a->losses = alloc({N}, stat);
+  a->d_residual = alloc({N, C}, act);
+  a->d_norm = alloc({N, C}, act);
+  a->d_attn = alloc({N, C}, act);
+  a->d_qkv = alloc({N, 3 * C}, act);
+  a->d_fc = alloc({N, 4 * C}, act);
+  acts_ = std::move(a);
+}
+
+LossSum Model::forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
+                                double grad_scale) {
+  if (targets == nullptr) throw std::invalid_argument("forward_backward needs targets");
+  return run(tokens, targets, B, T, true, grad_scale, nullptr);
+}
+
+LossSum Model::forward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, float* token_losses) {
+  return run(tokens, targets, B, T, false, 0.0, token_losses);
+}
+
+LossSum Model::run(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, bool backward,
+                   double grad_scale, float* token_losses) {
+  if (B <= 0 || T <= 0) throw std::invalid_argument(fmt::format("batch {} × length {} must be positive", B, T));
+  const std::int64_t N = std::int64_t(B) * T;
+  for (std::int64_t i = 0; i < N; ++i)
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      throw std::invalid_argument(fmt::format("token {} at index {} outside the vocabulary [0, {})", tokens[i], i,
+                                              config_.vocab_size));
+  reserve(B, T);
+  Activations& a = *acts_;
+  Backend& be = backend_;
+  const AttentionShape shape{B, T, config_.n_head, config_.head_dim()};
+  const PositionContext pctx{T, config_.context_length, config_.n_head, config_.head_dim(), 0};
+
+  be.copy_from_host(a.tokens.tensor, tokens);
+  be.embedding_forward(a.residual[0].tensor, a.tokens.tensor, weight(wte_));
+
+  for (int l = 0; l < config_.n_layer; ++l) {
+    const LayerIndex& li = layers_[std::size_t(l)];
+    std::vector<Tensor> pparams;
+    for (auto idx : li.position) pparams.push_back(layout_.view(params_.tensor, idx));
+    be.rmsnorm_forward(a.norm1[l].tensor, a.rstd1[l].tensor, a.residual[l].tensor, weight(li.attn_norm),
+                       config_.norm_eps);
+    be.matmul(a.qkv[l].tensor, a.norm1[l].tensor, weight(li.qkv), false, true);
+    AttentionForward af{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor, pparams};
+    be.attention_forward(af);
+    // residual_mid = residual + attn · W_projᵀ  (the projection is written to residual_mid first)
+    be.matmul(a.residual_mid[l].tensor, a.attn[l].tensor, weight(li.attn_proj), false, true);
+    be.add(a.residual_mid[l].tensor, a.residual_mid[l].tensor, a.residual[l].tensor);
+    be.rmsnorm_forward(a.norm2[l].tensor, a.rstd2[l].tensor, a.residual_mid[l].tensor, weight(li.mlp_norm),
+                       config_.norm_eps);
+    be.matmul(a.fc_pre[l].tensor, a.norm2[l].tensor, weight(li.fc), false, true);
+    be.gelu_forward(a.fc_act[l].tensor, a.fc_pre[l].tensor);
+    be.matmul(a.residual[l + 1].tensor, a.fc_act[l].tensor, weight(li.mlp_proj), false, true);
+    be.add(a.residual[l + 1].tensor, a.residual[l + 1].tensor, a.residual_mid[l].tensor);
+  }
+  be.rmsnorm_forward(a.final_norm.tensor, a.final_rstd.tensor, a.residual[config_.n_layer].tensor,
+                     weight(final_norm_), config_.norm_eps);
+
+  LossSum result;
+  if (targets == nullptr) return result;
+  be.copy_from_host(a.targets.tensor, targets);
+
+  // Tied LM head, chunked by rows: logits → loss (→ dlogits in place) → dx and dW.
+  const Tensor wte = weight(wte_);
+  for (std::int64_t r0 = 0; r0 < N; r0 += kClassifierRows) {
+    const std::int64_t r1 = std::min<std::int64_t>(N, r0 + kClassifierRows);
+    const Tensor x = a.final_norm.tensor.rows(r0, r1);
+    const Tensor logits = a.logits.tensor.rows(0, r1 - r0);
+    be.matmul(logits, x, wte, false, true);
+    be.cross_entropy(a.losses.tensor.rows(r0, r1), logits, a.targets.tensor.rows(r0, r1), config_.vocab_size,
+                     backward, grad_scale);
+    if (backward) {
+      be.matmul(a.d_norm.tensor.rows(r0, r1), logits, wte, false, false);
+      be.matmul(grad(wte_), logits, x, true, false, 1.0, 1.0);
+    }
+  }
+
+  const std::vector<double> losses = tensor_to_host_f64(be, a.losses.tensor);
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (targets[i] >= 0) {
+      result.sum += losses[std::size_t(i)];
+      ++result.count;
+    }
+    if (token_losses) token_losses[i] = targets[i] >= 0 ? float(losses[std::size_t(i)]) : 0.0f;
+  }
+  if (backward) backward_pass(B, T);
+  return result;
+}
+
+void Model::backward_pass(int B, int T) {
+  Activations& a = *acts_;
+  Backend& be = backend_;
+  const AttentionShape shape{B, T, config_.n_head, config_.head_dim()};
+  const PositionContext pctx{T, config_.context_length, config_.n_head, config_.head_dim(), 0};
+
+  // d_norm holds dL/d(final norm output); d_residual accumulates dL/d(residual stream).
+  be.fill(a.d_residual.tensor, 0.0);
+  be.rmsnorm_backward(a.d_residual.tensor, grad(final_norm_), a.d_norm.tensor, a.residual[config_.n_layer].tensor,
+                      weight(final_norm_), a.final_rstd.tensor);
+
+  for (int l = config_.n_layer - 1; l >= 0; --l) {
+    const LayerIndex& li = layers_[std::size_t(l)];
+    // MLP branch: residual[l+1] = residual_mid + fc_act · W_projᵀ.
+    be.matmul(a.d_fc.tensor, a.d_residual.tensor, weight(li.mlp_proj), false, false);
+    be.matmul(grad(li.mlp_proj), a.d_residual.tensor, a.fc_act[l].tensor, true, false, 1.0, 1.0);
+    be.gelu_backward(a.d_fc.tensor, a.d_fc.tensor, a.fc_pre[l].tensor);
+    be.matmul(a.d_norm.tensor, a.d_fc.tensor, weight(li.fc), false, false);
+    be.matmul(grad(li.fc), a.d_fc.tensor, a.norm2[l].tensor, true, false, 1.0, 1.0);
+    be.rmsnorm_backward(a.d_residual.tensor, grad(li.mlp_norm), a.d_norm.tensor, a.residual_mid[l].tensor,
+                        weight(li.mlp_norm), a.rstd2[l].tensor);
+
+    // Attention branch: residual_mid = residual[l] + attn · W_projᵀ.
+    be.matmul(a.d_attn.tensor, a.d_residual.tensor, weight(li.attn_proj), false, false);
+    be.matmul(grad(li.attn_proj), a.d_residual.tensor, a.attn[l].tensor, true, false, 1.0, 1.0);
+    std::vector<Tensor> pparams, pgrads;
+    for (auto idx : li.position) {
+      pparams.push_back(layout_.view(params_.tensor, idx));
+      pgrads.push_back(grad(idx));
+    }
+    AttentionBackward ab{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor,
+                         a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads};
+    be.attention_backward(ab);
+    be.matmul(a.d_norm.tensor, a.d_qkv.tensor, weight(li.qkv), false, false);
+    be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1[l].tensor, true, false, 1.0, 1.0);
+    be.rmsnorm_backward(a.d_residual.tensor, grad(li.attn_norm), a.d_norm.tensor, a.residual[l].tensor,
+                        weight(li.attn_norm), a.rstd1[l].tensor);
+  }
+  be.embedding_backward(grad(wte_), a.d_residual.tensor, a.tokens.tensor);
+}
+
+}  // namespace pope

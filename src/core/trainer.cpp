@@ -1,0 +1,266 @@
+#include "pope/train.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <fstream>
+#include <sstream>
+
+namespace pope {
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void handle_stop_signal(int signal_number) { Trainer::request_stop(signal_number); }
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const long s = std::lround(seconds);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+void Trainer::request_stop(int signal_number) { g_stop_signal.store(signal_number); }
+
+void Trainer::install_signal_handlers() {
+  std::signal(SIGINT, handle_stop_signal);
+  std::signal(SIGTERM, handle_stop_signal);
+}
+
+Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backend> backend)
+    : config_(std::move(config)), options_(std::move(options)), backend_(std::move(backend)) {
+  validate(config_);
+  if (config_.data.train.empty())
+    throw ConfigError("data.train", "a training token file is required (see data/README.md)");
+  run_dir_ = options_.run_dir;
+  if (run_dir_.empty()) throw std::invalid_argument("Trainer needs a run directory");
+
+  // Decide what to resume from before touching the run directory.
+  std::optional<std::filesystem::path> resume_from;
+  if (options_.resume == "auto") {
+    resume_from = latest_checkpoint(run_dir_);
+  } else if (!options_.resume.empty()) {
+    resume_from = std::filesystem::path(options_.resume);
+  } else if (auto existing = latest_checkpoint(run_dir_)) {
+    throw ConfigError("--out", fmt::format("run directory {} already holds checkpoint {}; continue it with "
+                                           "--resume auto or choose another --out",
+                                           run_dir_.string(), existing->filename().string()));
+  }
+
+  std::filesystem::create_directories(run_dir_);
+  auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>((run_dir_ / "train.log").string());
+  auto logger = std::make_shared<spdlog::logger>("pope-train", spdlog::sinks_init_list{console, file});
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S] %^%l%$ %v");
+  if (options_.quiet) console->set_level(spdlog::level::warn);
+  logger_ = logger;
+
+  train_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.train, config_.model.vocab_size));
+  train_sampler_ = std::make_unique<RandomWindowSampler>(*train_data_, config_.train.seq_len, config_.train.seed);
+  if (!config_.data.val.empty()) {
+    val_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.val, config_.model.vocab_size));
+    val_sampler_ = std::make_unique<SequentialWindowSampler>(*val_data_, config_.train.seq_len);
+  }
+
+  if (!backend_) backend_ = make_backend(config_.train.device, "float", config_.train.threads);
+  model_ = std::make_unique<Model>(config_.model, *backend_);
+  optimizer_ = std::make_unique<AdamW>(*model_, config_.optim);
+  state_.config_hash = config_hash(config_);
+  state_.rng = Rng(config_.train.seed).state();
+  if (resume_from) {
+    restore(*resume_from);
+  } else {
+    model_->initialize(config_.train.seed);
+  }
+  write_file_atomic(run_dir_ / "config.json", config_to_json(config_).dump(2) + "\n");
+
+  logger->info("pope-train: {} | {} parameters ({:.1f}M) | position {} | run dir {}", backend_->description(),
+               model_->parameter_count(), double(model_->parameter_count()) / 1e6, config_.model.position.kind,
+               run_dir_.string());
+  logger->info("data: {} training tokens in {} file(s){}", train_data_->total_tokens(), train_data_->files().size(),
+               val_data_ ? fmt::format(", {} validation tokens", val_data_->total_tokens()) : "");
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::restore(const std::filesystem::path& checkpoint) {
+  CheckpointData data = load_checkpoint(checkpoint, model_->layout());
+  if (data.state.config_hash != state_.config_hash)
+    throw ConfigError("--resume", fmt::format("checkpoint {} was written with a different config (hash {} vs {}); "
+                                              "resuming needs the same model, data and optimizer settings",
+                                              checkpoint.string(), data.state.config_hash, state_.config_hash));
+  model_->parameters_from_host(data.params);
+  optimizer_->moments_from_host(data.adam_m, data.adam_v);
+  state_ = data.state;
+
+  // Metrics logged after the checkpoint belong to a future that is about to be replayed.
+  const auto metrics = run_dir_ / "metrics.jsonl";
+  if (std::filesystem::exists(metrics)) {
+    std::ifstream in(metrics);
+    std::ostringstream kept;
+    for (std::string line; std::getline(in, line);) {
+      const auto record = nlohmann::json::parse(line, nullptr, false);
+      if (!record.is_discarded() && record.value("step", 0L) <= state_.step) kept << line << '\n';
+    }
+    write_file_atomic(metrics, kept.str());
+  }
+  auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
+  logger.info("resumed from {} at step {}", checkpoint.string(), state_.step);
+}
+
+void Trainer::append_metrics(const nlohmann::json& record) {
+  std::ofstream out(run_dir_ / "metrics.jsonl", std::ios::app);
+  out << record.dump() << '\n';
+  if (!out) throw std::runtime_error("cannot append to " + (run_dir_ / "metrics.jsonl").string());
+}
+
+void Trainer::save() {
+  CheckpointData data;
+  data.state = state_;
+  data.params = model_->parameters_to_host();
+  data.adam_m = optimizer_->first_moment_to_host();
+  data.adam_v = optimizer_->second_moment_to_host();
+  last_checkpoint_ = save_checkpoint(run_dir_, model_->layout(), data, config_.train.keep_checkpoints);
+  std::static_pointer_cast<spdlog::logger>(logger_)->info("checkpoint {}", last_checkpoint_.string());
+}
+
+double Trainer::evaluate() {
+  if (!val_sampler_) throw ConfigError("data.val", "no validation data configured");
+  const int B = config_.train.micro_batch_size, T = config_.train.seq_len;
+  if (val_sampler_->window_count() == 0)
+    throw DataError(fmt::format("validation data {} holds no window of {} tokens", config_.data.val, T + 1));
+  std::vector<std::int32_t> inputs(std::size_t(B) * T), targets(inputs.size());
+  LossSum total;
+  for (int b = 0; b < config_.train.eval_batches; ++b) {
+    const int filled = val_sampler_->fill(std::uint64_t(b) * B, B, inputs.data(), targets.data());
+    if (filled == 0) break;
+    const LossSum part = model_->forward(inputs.data(), targets.data(), filled, T);
+    total.sum += part.sum;
+    total.count += part.count;
+  }
+  return total.mean();
+}
+
+void Trainer::log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second,
+                        double eta_seconds) {
+  if (options_.quiet) return;
+  std::static_pointer_cast<spdlog::logger>(logger_)->info(
+      "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | ETA {}", step,
+      std::to_string(config_.train.steps).size(), config_.train.steps, loss, lr, grad_norm, tokens_per_second,
+      format_duration(eta_seconds));
+}
+
+TrainingSummary Trainer::train() {
+  auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
+  const TrainConfig& tc = config_.train;
+  const int accumulation = config_.grad_accumulation(1);
+  const int B = tc.micro_batch_size, T = tc.seq_len;
+  const double tokens_per_step = double(tc.batch_size) * T;
+  const double grad_scale = 1.0 / tokens_per_step;  // gradient of the mean loss over the global batch
+  std::vector<std::int32_t> inputs(std::size_t(B) * T), targets(inputs.size());
+
+  TrainingSummary summary;
+  const auto start = Clock::now();
+  auto window_start = Clock::now();
+  long window_steps = 0;
+  long last_saved_step = -1;
+  if (state_.step == 0 && val_sampler_ && tc.eval_every > 0) {
+    state_.last_val_loss = evaluate();
+    logger.info("step 0 | val loss {:.4f}", state_.last_val_loss);
+    append_metrics({{"event", "eval"}, {"step", 0}, {"val_loss", state_.last_val_loss}});
+  }
+
+  while (state_.step < tc.steps && g_stop_signal.load() == 0) {
+    model_->zero_gradients();
+    double loss_sum = 0.0;
+    for (int micro = 0; micro < accumulation; ++micro) {
+      train_sampler_->fill(state_.samples_consumed + std::uint64_t(micro) * B, B, inputs.data(), targets.data());
+      loss_sum += model_->forward_backward(inputs.data(), targets.data(), B, T, grad_scale).sum;
+    }
+    const double loss = loss_sum / tokens_per_step;
+    const double lr = learning_rate(config_.optim, state_.step, tc.steps);
+    OptimizerStepResult result;
+    if (std::isfinite(loss)) result = optimizer_->step(state_.step + 1, lr);
+    state_.samples_consumed += std::uint64_t(tc.batch_size);
+    state_.step += 1;
+    summary.last_train_loss = loss;
+    ++window_steps;
+
+    if (!result.applied) {
+      ++state_.consecutive_nonfinite;
+      logger.warn("step {}: non-finite loss {} or gradient norm {}; update skipped ({} in a row, limit {})",
+                  state_.step, loss, result.grad_norm, state_.consecutive_nonfinite, tc.max_nonfinite_steps);
+      append_metrics({{"event", "skip"}, {"step", state_.step}, {"loss", std::isfinite(loss) ? loss : -1.0}});
+      if (state_.consecutive_nonfinite >= tc.max_nonfinite_steps)
+        throw TrainingAborted(fmt::format(
+            "{} consecutive steps with a non-finite loss or gradient (last at step {}); stopping. The last good "
+            "checkpoint is {}; lower optim.lr or check the data",
+            state_.consecutive_nonfinite, state_.step,
+            last_checkpoint_.empty() ? std::string("(none written)") : last_checkpoint_.string()));
+      continue;
+    }
+    state_.consecutive_nonfinite = 0;
+
+    if (state_.step % tc.log_every == 0 || state_.step == 1 || state_.step == tc.steps) {
+      const double elapsed = seconds_since(window_start);
+      const double tokens_per_second = window_steps * tokens_per_step / std::max(elapsed, 1e-9);
+      const double eta = elapsed / window_steps * double(tc.steps - state_.step);
+      log_train(state_.step, loss, lr, result.grad_norm, tokens_per_second, eta);
+      append_metrics({{"event", "train"},
+                      {"step", state_.step},
+                      {"loss", loss},
+                      {"lr", lr},
+                      {"grad_norm", result.grad_norm},
+                      {"tokens_per_second", tokens_per_second},
+                      {"elapsed_seconds", seconds_since(start)}});
+      window_start = Clock::now();
+      window_steps = 0;
+    }
+    if (val_sampler_ && ((tc.eval_every > 0 && state_.step % tc.eval_every == 0) || state_.step == tc.steps)) {
+      state_.last_val_loss = evaluate();
+      summary.last_val_loss = state_.last_val_loss;
+      logger.info("step {} | val loss {:.4f} | val ppl {:.2f}", state_.step, state_.last_val_loss,
+                  std::exp(state_.last_val_loss));
+      append_metrics({{"event", "eval"}, {"step", state_.step}, {"val_loss", state_.last_val_loss}});
+    }
+    if (tc.checkpoint_every > 0 && state_.step % tc.checkpoint_every == 0) {
+      save();
+      last_saved_step = state_.step;
+    }
+  }
+
+  const int stop_signal = g_stop_signal.load();
+  summary.reason = stop_signal == SIGINT    ? StopReason::interrupted
+                   : stop_signal == SIGTERM ? StopReason::terminated
+                                            : StopReason::finished;
+  if (state_.step != last_saved_step && state_.consecutive_nonfinite == 0) save();
+  summary.steps_done = state_.step;
+  summary.last_checkpoint = last_checkpoint_;
+  summary.seconds = seconds_since(start);
+  if (summary.reason != StopReason::finished)
+    logger.warn("stopped by signal {} after step {}; continue with --resume auto", stop_signal, state_.step);
+  logger.info("done: {} steps, {:.1f} s, final train loss {:.4f}{}, checkpoint {}", state_.step, summary.seconds,
+              summary.last_train_loss,
+              summary.last_val_loss ? fmt::format(", val loss {:.4f}", *summary.last_val_loss) : "",
+              last_checkpoint_.string());
+  append_metrics({{"event", "summary"},
+                  {"step", state_.step},
+                  {"loss", summary.last_train_loss},
+                  {"seconds", summary.seconds},
+                  {"stopped_by_signal", stop_signal}});
+  return summary;
+}
+
+}  // namespace pope

@@ -1,0 +1,93 @@
+// pope-train: train a GPT with a pluggable positional encoding from a JSON config.
+// Exit codes: 0 finished, 1 runtime/data/checkpoint error, 2 usage or config error,
+// 3 aborted after repeated non-finite steps, 130/143 stopped by SIGINT/SIGTERM (checkpointed).
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "pope/checkpoint.hpp"
+#include "pope/config.hpp"
+#include "pope/data.hpp"
+#include "pope/model.hpp"
+#include "pope/position.hpp"
+#include "pope/train.hpp"
+
+namespace {
+
+constexpr int kExitRuntime = 1;
+constexpr int kExitConfig = 2;
+constexpr int kExitAborted = 3;
+
+int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_dir) {
+  const auto position = pope::make_position_encoding(config.model);
+  const auto layout = pope::build_parameter_layout(config.model, *position);
+  const auto& m = config.model;
+  std::cout << pope::config_to_json(config).dump(2) << "\n";
+  std::printf("model: %d layers, %d heads, n_embd %d, context %d, position %s\n", m.n_layer, m.n_head, m.n_embd,
+              m.context_length, m.position.kind.c_str());
+  std::printf("parameters: %lld (%.1fM; padded vocabulary rows excluded)\n",
+              static_cast<long long>(pope::count_parameters(m, layout)),
+              double(pope::count_parameters(m, layout)) / 1e6);
+  std::printf("batch: %d sequences × %d tokens = %d tokens/step, micro-batch %d, accumulation %d\n",
+              config.train.batch_size, config.train.seq_len, config.train.batch_size * config.train.seq_len,
+              config.train.micro_batch_size, config.grad_accumulation(1));
+  std::printf("run directory: %s\n", run_dir.string().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pope-train: train a GPT whose attention uses a pluggable positional encoding (RoPE, PoPE, ALiBi, "
+               "NoPE).\nConfig keys are documented in configs/README.md."};
+  std::string config_path, out_dir, resume, device;
+  std::vector<std::string> overrides;
+  bool dry_run = false, quiet = false;
+  app.add_option("-c,--config", config_path, "JSON config file; a bare name resolves in configs/")->required();
+  app.add_option("-s,--set", overrides, "override a config key, e.g. --set model.position.kind=rope (repeatable)");
+  app.add_option("-o,--out", out_dir, "run directory (default: the config's out_dir, else runs/<config name>)");
+  app.add_option("--resume", resume, "continue a run: 'auto' (newest checkpoint in the run directory, if any) or a "
+                                     "checkpoint/run directory");
+  app.add_option("--device", device, "auto | cpu | cuda (overrides train.device)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_flag("--dry-run", dry_run, "print the resolved config, parameter count and batch plan, then exit");
+  app.add_flag("-q,--quiet", quiet, "only warnings and errors on the console");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitConfig;
+  }
+
+  try {
+    if (!device.empty()) overrides.push_back("train.device=" + device);
+    pope::RunConfig config = pope::load_config(config_path, overrides);
+    std::filesystem::path run_dir = out_dir;
+    if (run_dir.empty()) run_dir = config.out_dir;
+    if (run_dir.empty()) run_dir = std::filesystem::path("runs") / pope::resolve_config_path(config_path).stem();
+    if (dry_run) return print_plan(config, run_dir);
+
+    pope::Trainer::install_signal_handlers();
+    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet});
+    const pope::TrainingSummary summary = trainer.train();
+    switch (summary.reason) {
+      case pope::StopReason::finished: return 0;
+      case pope::StopReason::interrupted: return 128 + SIGINT;
+      case pope::StopReason::terminated: return 128 + SIGTERM;
+    }
+    return 0;
+  } catch (const pope::ConfigError& e) {
+    spdlog::error("config error: {}", e.what());
+    return kExitConfig;
+  } catch (const pope::TrainingAborted& e) {
+    spdlog::error("{}", e.what());
+    return kExitAborted;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return kExitRuntime;
+  }
+}
