@@ -29,9 +29,11 @@ struct TrainerOptions {
   std::filesystem::path run_dir;   // empty: config.out_dir, else runs/<config file stem>
   std::string resume;              // "" (fresh; refuses a run dir that has checkpoints), "auto", or a path
   bool quiet = false;              // no console progress lines (tests)
+  long stop_at_step = 0;           // > 0: checkpoint and stop once this global step is done
+                                   // (time-sliced jobs); the LR schedule still spans train.steps
 };
 
-enum class StopReason { finished, interrupted, terminated };
+enum class StopReason { finished, stop_at_step, interrupted, terminated };
 
 struct TrainingSummary {
   StopReason reason = StopReason::finished;

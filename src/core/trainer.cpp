@@ -104,6 +104,7 @@ void Trainer::restore(const std::filesystem::path& checkpoint) {
   model_->parameters_from_host(data.params);
   optimizer_->moments_from_host(data.adam_m, data.adam_v);
   state_ = data.state;
+  last_checkpoint_ = checkpoint;
 
   // Metrics logged after the checkpoint belong to a future that is about to be replayed.
   const auto metrics = run_dir_ / "metrics.jsonl";
@@ -182,7 +183,8 @@ TrainingSummary Trainer::train() {
     append_metrics({{"event", "eval"}, {"step", 0}, {"val_loss", state_.last_val_loss}});
   }
 
-  while (state_.step < tc.steps && g_stop_signal.load() == 0) {
+  const long last_step = options_.stop_at_step > 0 ? std::min(options_.stop_at_step, tc.steps) : tc.steps;
+  while (state_.step < last_step && g_stop_signal.load() == 0) {
     model_->zero_gradients();
     double loss_sum = 0.0;
     for (int micro = 0; micro < accumulation; ++micro) {
@@ -242,15 +244,18 @@ TrainingSummary Trainer::train() {
   }
 
   const int stop_signal = g_stop_signal.load();
-  summary.reason = stop_signal == SIGINT    ? StopReason::interrupted
-                   : stop_signal == SIGTERM ? StopReason::terminated
-                                            : StopReason::finished;
+  summary.reason = stop_signal == SIGINT        ? StopReason::interrupted
+                   : stop_signal == SIGTERM     ? StopReason::terminated
+                   : state_.step < tc.steps     ? StopReason::stop_at_step
+                                                : StopReason::finished;
   if (state_.step != last_saved_step && state_.consecutive_nonfinite == 0) save();
   summary.steps_done = state_.step;
   summary.last_checkpoint = last_checkpoint_;
   summary.seconds = seconds_since(start);
-  if (summary.reason != StopReason::finished)
+  if (summary.reason == StopReason::interrupted || summary.reason == StopReason::terminated)
     logger.warn("stopped by signal {} after step {}; continue with --resume auto", stop_signal, state_.step);
+  else if (summary.reason == StopReason::stop_at_step)
+    logger.info("stopped after step {} as asked; continue with --resume auto", state_.step);
   logger.info("done: {} steps, {:.1f} s, final train loss {:.4f}{}, checkpoint {}", state_.step, summary.seconds,
               summary.last_train_loss,
               summary.last_val_loss ? fmt::format(", val loss {:.4f}", *summary.last_val_loss) : "",

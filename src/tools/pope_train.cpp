@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   std::string config_path, out_dir, resume, device;
   std::vector<std::string> overrides;
   bool dry_run = false, quiet = false;
+  long stop_at = 0;
   app.add_option("-c,--config", config_path, "JSON config file; a bare name resolves in configs/")->required();
   app.add_option("-s,--set", overrides, "override a config key, e.g. --set model.position.kind=rope (repeatable)");
   app.add_option("-o,--out", out_dir, "run directory (default: the config's out_dir, else runs/<config name>)");
@@ -54,6 +55,9 @@ int main(int argc, char** argv) {
                                      "checkpoint/run directory");
   app.add_option("--device", device, "auto | cpu | cuda (overrides train.device)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--stop-at", stop_at, "checkpoint and exit 0 after this global step (time-sliced jobs; the LR "
+                                      "schedule still spans train.steps)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--dry-run", dry_run, "print the resolved config, parameter count and batch plan, then exit");
   app.add_flag("-q,--quiet", quiet, "only warnings and errors on the console");
   try {
@@ -72,10 +76,11 @@ int main(int argc, char** argv) {
     if (dry_run) return print_plan(config, run_dir);
 
     pope::Trainer::install_signal_handlers();
-    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet});
+    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet, stop_at});
     const pope::TrainingSummary summary = trainer.train();
     switch (summary.reason) {
-      case pope::StopReason::finished: return 0;
+      case pope::StopReason::finished:
+      case pope::StopReason::stop_at_step: return 0;
       case pope::StopReason::interrupted: return 128 + SIGINT;
       case pope::StopReason::terminated: return 128 + SIGTERM;
     }

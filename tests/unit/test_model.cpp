@@ -1,0 +1,193 @@
+// The GPT over the CPU backend: parameter counts of the paper's models, whole-model
+// finite-difference gradients in double under every encoding, masking and padding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "gradient_check.hpp"
+#include "pope/backend.hpp"
+#include "pope/model.hpp"
+#include "pope/rng.hpp"
+
+using namespace pope;
+
+namespace {
+
+ModelConfig paper_model(int n_embd, int n_head, int n_layer, const std::string& kind) {
+  ModelConfig c;
+  c.n_embd = n_embd;
+  c.n_head = n_head;
+  c.n_layer = n_layer;
+  c.position.kind = kind;
+  return c;
+}
+
+ModelConfig tiny_model(const std::string& kind) {
+  ModelConfig c;
+  c.vocab_size = 29;
+  c.padded_vocab_size = 32;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.context_length = 8;
+  c.position.kind = kind;
+  c.position.pope.delta_init = "uniform";  // non-zero δ so its gradient is exercised in general position
+  c.init_std = 0.3;                        // larger weights: gradients well above rounding noise
+  return c;
+}
+
+std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (auto& x : t) x = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(vocab)));
+  return t;
+}
+
+}  // namespace
+
+TEST(ModelLayout, PaperParameterCounts) {
+  // paper-setups.md: 123.5M, 252.8M, 772.1M with tied embeddings, vocabulary 50257.
+  const struct { int C, H, L; double millions; } cases[] = {{768, 12, 12, 123.5}, {1024, 16, 16, 252.8},
+                                                            {1280, 20, 36, 772.1}};
+  for (const auto& k : cases) {
+    for (const std::string kind : {"rope", "pope"}) {
+      const ModelConfig c = paper_model(k.C, k.H, k.L, kind);
+      const auto position = make_position_encoding(c);
+      const double m = double(count_parameters(c, build_parameter_layout(c, *position))) / 1e6;
+      EXPECT_NEAR(m, k.millions, 0.05) << kind << " n_embd " << k.C;
+    }
+  }
+}
+
+TEST(ModelLayout, NamesShapesAndWeightDecay) {
+  const ModelConfig c = paper_model(768, 12, 2, "pope");
+  const auto layout = build_parameter_layout(c, *make_position_encoding(c));
+  EXPECT_EQ(layout.specs()[layout.index_of("wte.weight")].shape, (Shape{50304, 768}));
+  EXPECT_EQ(layout.specs()[layout.index_of("layers.1.attn.qkv.weight")].shape, (Shape{2304, 768}));
+  EXPECT_EQ(layout.specs()[layout.index_of("layers.0.mlp.proj.weight")].shape, (Shape{768, 3072}));
+  EXPECT_EQ(layout.specs()[layout.index_of("layers.0.position.delta")].shape, (Shape{12, 64}));
+  for (const auto& spec : layout.specs())
+    EXPECT_EQ(spec.weight_decay, spec.shape.size() == 2 && spec.name.find("position") == std::string::npos)
+        << spec.name;
+}
+
+TEST(ModelInit, ScalesAndPaddingRows) {
+  auto backend = make_backend("cpu", "double", 1);
+  ModelConfig c = paper_model(64, 4, 4, "rope");
+  c.vocab_size = 1000;
+  c.padded_vocab_size = 1024;
+  Model model(c, *backend);
+  model.initialize(3);
+  const auto values = model.parameters_to_host();
+  auto stddev = [&](const std::string& name, std::int64_t count = -1) {
+    const auto i = model.layout().index_of(name);
+    const auto* p = values.data() + model.layout().offset(i);
+    const std::int64_t n = count < 0 ? shape_numel(model.layout().specs()[i].shape) : count;
+    double s = 0;
+    for (std::int64_t k = 0; k < n; ++k) s += double(p[k]) * p[k];
+    return std::sqrt(s / double(n));
+  };
+  EXPECT_NEAR(stddev("layers.0.mlp.fc.weight"), 0.02, 0.001);
+  EXPECT_NEAR(stddev("layers.3.attn.proj.weight"), 0.02 / std::sqrt(8.0), 0.0005);
+  EXPECT_NEAR(stddev("wte.weight", 1000 * 64), 0.02, 0.001);
+  const auto wte = model.layout().offset(model.layout().index_of("wte.weight"));
+  for (std::int64_t k = 1000 * 64; k < 1024 * 64; ++k) ASSERT_EQ(values[std::size_t(wte + k)], 0.0f);
+  EXPECT_EQ(stddev("final_norm.weight"), 1.0);
+  // Same seed, same weights.
+  Model again(c, *backend);
+  again.initialize(3);
+  EXPECT_EQ(again.parameters_to_host(), values);
+}
+
+class ModelGradient : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelGradient, MatchesFiniteDifferencesInDouble) {
+  auto backend = make_backend("cpu", "double", 1);
+  const ModelConfig c = tiny_model(GetParam());
+  Model model(c, *backend);
+  model.initialize(11);
+  const int B = 2, T = 7;
+  Rng rng(5);
+  const auto tokens = random_tokens(rng, B * T, c.vocab_size);
+  auto targets = random_tokens(rng, B * T, c.vocab_size);
+  targets[3] = -1;  // a masked target contributes nothing
+
+  model.zero_gradients();
+  const LossSum loss = model.forward_backward(tokens.data(), targets.data(), B, T, 1.0);
+  EXPECT_EQ(loss.count, B * T - 1);
+  double* params = model.parameters().as<double>();
+  const double* grads = model.gradients().as<double>();
+
+  // Every parameter tensor: up to 12 entries each (all of the small ones).
+  std::vector<std::int64_t> picks;
+  for (std::size_t i = 0; i < model.layout().specs().size(); ++i) {
+    const std::int64_t n = shape_numel(model.layout().specs()[i].shape);
+    const std::int64_t stride = std::max<std::int64_t>(1, n / 12);
+    for (std::int64_t k = 0; k < n; k += stride) picks.push_back(model.layout().offset(i) + k);
+  }
+  std::vector<double> values, analytic;
+  for (auto p : picks) {
+    values.push_back(params[p]);
+    analytic.push_back(grads[p]);
+  }
+  auto total_loss = [&] {
+    for (std::size_t k = 0; k < picks.size(); ++k) params[picks[k]] = values[k];
+    return model.forward(tokens.data(), targets.data(), B, T).sum;
+  };
+  EXPECT_LT(testing::max_relative_gradient_error(total_loss, values, analytic), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Encodings, ModelGradient, ::testing::Values("nope", "rope", "pope", "alibi"),
+                         [](const auto& info) { return info.param; });
+
+TEST(ModelForward, MaskedTargetsAndTokenLosses) {
+  auto backend = make_backend("cpu", "double", 1);
+  const ModelConfig c = tiny_model("pope");
+  Model model(c, *backend);
+  model.initialize(1);
+  Rng rng(2);
+  const auto tokens = random_tokens(rng, 8, c.vocab_size);
+  auto targets = random_tokens(rng, 8, c.vocab_size);
+  std::vector<float> per_token(8);
+  const LossSum all = model.forward(tokens.data(), targets.data(), 1, 8, per_token.data());
+  EXPECT_EQ(all.count, 8);
+  EXPECT_NEAR(std::accumulate(per_token.begin(), per_token.end(), 0.0), all.sum, 1e-5);
+  // Uniform-ish predictions at init: loss near log(vocab).
+  EXPECT_NEAR(all.mean(), std::log(double(c.vocab_size)), 1.0);
+  targets[0] = -1;
+  const LossSum masked = model.forward(tokens.data(), targets.data(), 1, 8, per_token.data());
+  EXPECT_EQ(masked.count, 7);
+  EXPECT_EQ(per_token[0], 0.0f);
+  // Causality: changing the last token cannot change earlier losses.
+  auto changed = tokens;
+  changed[7] = (changed[7] + 1) % c.vocab_size;
+  std::vector<float> after(8);
+  model.forward(changed.data(), targets.data(), 1, 8, after.data());
+  for (int t = 0; t < 7; ++t) EXPECT_EQ(after[std::size_t(t)], per_token[std::size_t(t)]) << t;
+}
+
+TEST(ModelForward, RejectsTokensOutsideTheVocabulary) {
+  auto backend = make_backend("cpu", "float", 1);
+  const ModelConfig c = tiny_model("rope");
+  Model model(c, *backend);
+  model.initialize(1);
+  std::vector<std::int32_t> tokens{1, 2, 29}, targets{2, 3, 4};
+  EXPECT_THROW(model.forward(tokens.data(), targets.data(), 1, 3), std::invalid_argument);
+}
+
+TEST(ModelForward, FloatAgreesWithDouble) {
+  auto f = make_backend("cpu", "float", 1);
+  auto d = make_backend("cpu", "double", 1);
+  for (const std::string kind : {"rope", "pope", "alibi"}) {
+    const ModelConfig c = tiny_model(kind);
+    Model mf(c, *f), md(c, *d);
+    mf.initialize(4);
+    md.parameters_from_host(mf.parameters_to_host());
+    Rng rng(9);
+    const auto tokens = random_tokens(rng, 16, c.vocab_size);
+    const auto targets = random_tokens(rng, 16, c.vocab_size);
+    EXPECT_NEAR(mf.forward(tokens.data(), targets.data(), 2, 8).mean(),
+                md.forward(tokens.data(), targets.data(), 2, 8).mean(), 1e-4)
+        << kind;
+  }
+}

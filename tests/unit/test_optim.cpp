@@ -1,0 +1,90 @@
+// Learning-rate schedule and the AdamW step (clipping, decoupled decay, non-finite guard).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "pope/optim.hpp"
+
+using namespace pope;
+
+TEST(LearningRate, WarmupThenCosineLinearOrConstant) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr = 1e-4;
+  c.warmup_steps = 10;
+  const long total = 110;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total), 1e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 4, total), 5e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 9, total), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 10, total), 1e-3);
+  EXPECT_NEAR(learning_rate(c, 35, total), 1e-4 + 0.5 * (1 + std::cos(M_PI / 4)) * 9e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(c, 60, total), 5.5e-4, 1e-15);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 110, total), 1e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 500, total), 1e-4);
+  c.schedule = "linear";
+  EXPECT_NEAR(learning_rate(c, 35, total), 1e-4 + 0.75 * 9e-4, 1e-15);
+  c.schedule = "constant";
+  EXPECT_DOUBLE_EQ(learning_rate(c, 35, total), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 3, total), 4e-4);  // warmup still applies
+}
+
+namespace {
+ModelConfig small_model() {
+  ModelConfig c;
+  c.vocab_size = 16;
+  c.padded_vocab_size = 16;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.context_length = 8;
+  c.position.kind = "rope";
+  return c;
+}
+}  // namespace
+
+TEST(AdamWStep, ClipsByGlobalNormAndDecaysOnlyMatrices) {
+  auto backend = make_backend("cpu", "double", 1);
+  Model model(small_model(), *backend);
+  model.initialize(1);
+  OptimConfig oc;
+  oc.weight_decay = 0.1;
+  oc.grad_clip = 1.0;
+  AdamW adamw(model, oc);
+  double* p = model.parameters().as<double>();
+  double* g = model.gradients().as<double>();
+  const auto& layout = model.layout();
+  const std::int64_t gain = layout.offset(layout.index_of("final_norm.weight"));     // no decay
+  const std::int64_t matrix = layout.offset(layout.index_of("layers.0.mlp.fc.weight"));  // decay
+  model.zero_gradients();
+  g[gain] = 3.0;
+  g[matrix] = -4.0;
+  const double p_gain = p[gain], p_matrix = p[matrix], p_other = p[matrix + 1], p_gain2 = p[gain + 1];
+  const double lr = 0.01;
+  const auto r = adamw.step(1, lr);
+  ASSERT_TRUE(r.applied);
+  EXPECT_DOUBLE_EQ(r.grad_norm, 5.0);
+  EXPECT_DOUBLE_EQ(r.clip_scale, 0.2);
+  // First bias-corrected step: update = ĝ / (|ĝ| + eps) with ĝ the clipped gradient.
+  const double eps = oc.eps;
+  EXPECT_NEAR(p[gain], p_gain - lr * 0.6 / (0.6 + eps), 1e-12);
+  EXPECT_NEAR(p[matrix], p_matrix - lr * (-0.8 / (0.8 + eps) + oc.weight_decay * p_matrix), 1e-12);
+  EXPECT_NEAR(p[matrix + 1], p_other * (1 - lr * oc.weight_decay), 1e-15);  // zero gradient, decay only
+  EXPECT_EQ(p[gain + 1], p_gain2);                                           // no gradient, no decay
+}
+
+TEST(AdamWStep, NonFiniteGradientLeavesEverythingUntouched) {
+  auto backend = make_backend("cpu", "double", 1);
+  Model model(small_model(), *backend);
+  model.initialize(1);
+  AdamW adamw(model, OptimConfig{});
+  model.zero_gradients();
+  model.gradients().as<double>()[5] = std::numeric_limits<double>::quiet_NaN();
+  const auto before = model.parameters_to_host();
+  const auto r = adamw.step(1, 1e-3);
+  EXPECT_FALSE(r.applied);
+  EXPECT_TRUE(std::isnan(r.grad_norm));
+  EXPECT_EQ(model.parameters_to_host(), before);
+  const auto m = adamw.first_moment_to_host();
+  for (float x : m) ASSERT_EQ(x, 0.0f);
+}

@@ -1,0 +1,136 @@
+// The training loop: exact resume, stop requests, the non-finite guard, run-directory safety.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <limits>
+
+#include "pope/train.hpp"
+#include "trainer_fixture.hpp"
+
+using namespace pope;
+using testing::fresh_dir;
+using testing::tiny_run_config;
+
+namespace {
+
+// step → loss of the "train" records in metrics.jsonl.
+std::map<long, double> train_losses(const std::filesystem::path& run_dir) {
+  std::map<long, double> losses;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "train") losses[record["step"].get<long>()] = record["loss"].get<double>();
+  }
+  return losses;
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Trainer::request_stop(0);
+    dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = tiny_run_config(dir_ / "data");
+  }
+  void TearDown() override {
+    Trainer::request_stop(0);
+    std::filesystem::remove_all(dir_);
+  }
+  TrainerOptions options(const std::string& run, const std::string& resume = "", long stop_at = 0) {
+    return TrainerOptions{dir_ / run, resume, true, stop_at};
+  }
+  std::filesystem::path dir_;
+  RunConfig config_;
+};
+
+}  // namespace
+
+TEST_F(TrainerTest, ValidationLossFalls) {
+  config_.train.steps = 30;
+  Trainer trainer(config_, options("run"));
+  const double before = trainer.evaluate();
+  const TrainingSummary summary = trainer.train();
+  ASSERT_TRUE(summary.last_val_loss.has_value());
+  EXPECT_LT(*summary.last_val_loss, before - 0.5) << "before " << before;
+  EXPECT_EQ(summary.steps_done, 30);
+  EXPECT_TRUE(std::filesystem::exists(summary.last_checkpoint / "model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "run" / "config.json"));
+}
+
+TEST_F(TrainerTest, ResumeReproducesTheUninterruptedRunExactly) {
+  std::vector<float> straight_params;
+  {
+    Trainer straight(config_, options("straight"));
+    straight.train();
+    straight_params = straight.model().parameters_to_host();
+  }
+  {
+    Trainer first(config_, options("split", "", 5));
+    EXPECT_EQ(first.train().reason, StopReason::stop_at_step);
+    EXPECT_EQ(first.step(), 5);
+  }
+  Trainer second(config_, options("split", "auto"));
+  EXPECT_EQ(second.step(), 5);
+  EXPECT_EQ(second.train().reason, StopReason::finished);
+  EXPECT_EQ(train_losses(dir_ / "straight"), train_losses(dir_ / "split"));
+  EXPECT_EQ(second.model().parameters_to_host(), straight_params);
+}
+
+TEST_F(TrainerTest, StopRequestCheckpointsAndReportsTheSignal) {
+  Trainer trainer(config_, options("run"));
+  Trainer::request_stop(SIGTERM);
+  const TrainingSummary summary = trainer.train();
+  EXPECT_EQ(summary.reason, StopReason::terminated);
+  EXPECT_EQ(summary.steps_done, 0);
+  EXPECT_EQ(latest_checkpoint(dir_ / "run"), summary.last_checkpoint);
+}
+
+TEST_F(TrainerTest, NonFiniteStepsAreSkippedThenAbortKeepingTheLastGoodCheckpoint) {
+  config_.train.max_nonfinite_steps = 3;
+  {
+    Trainer good(config_, options("run", "", 4));
+    good.train();
+  }
+  Trainer trainer(config_, options("run", "auto"));
+  float* params = trainer.model().parameters().as<float>();
+  params[trainer.model().layout().offset(trainer.model().layout().index_of("final_norm.weight"))] =
+      std::numeric_limits<float>::quiet_NaN();
+  try {
+    trainer.train();
+    FAIL() << "expected TrainingAborted";
+  } catch (const TrainingAborted& e) {
+    EXPECT_NE(std::string(e.what()).find("3 consecutive"), std::string::npos) << e.what();
+  }
+  const auto latest = latest_checkpoint(dir_ / "run");
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->filename(), "step_00000004");
+  Trainer again(config_, options("run", "auto"));  // the kept checkpoint still loads
+  EXPECT_EQ(again.step(), 4);
+}
+
+TEST_F(TrainerTest, RefusesToOverwriteARunWithoutResume) {
+  {
+    Trainer first(config_, options("run", "", 2));
+    first.train();
+  }
+  EXPECT_THROW(Trainer(config_, options("run")), ConfigError);
+}
+
+TEST_F(TrainerTest, ResumeWithADifferentConfigIsAnError) {
+  {
+    Trainer first(config_, options("run", "", 2));
+    first.train();
+  }
+  config_.optim.lr *= 2;
+  try {
+    Trainer second(config_, options("run", "auto"));
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("different config"), std::string::npos) << e.what();
+  }
+  config_.optim.lr /= 2;
+  config_.train.steps = 20;  // the number of steps may change on resume
+  Trainer third(config_, options("run", "auto"));
+  EXPECT_EQ(third.step(), 2);
+}

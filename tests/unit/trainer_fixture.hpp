@@ -1,0 +1,63 @@
+// A tiny, learnable token corpus and config for trainer tests (CPU, seconds).
+#pragma once
+
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pope/config.hpp"
+#include "pope/data.hpp"
+
+namespace pope::testing {
+
+// Tokens that mostly follow t → (5t + 3) mod vocab, with 10% noise: a model can learn it.
+inline std::vector<std::uint16_t> patterned_tokens(std::size_t count, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::uint16_t> tokens(count);
+  std::uint16_t t = 1;
+  for (auto& x : tokens) {
+    t = rng() % 10 == 0 ? std::uint16_t(rng() % unsigned(vocab)) : std::uint16_t((5 * t + 3) % vocab);
+    x = t;
+  }
+  return tokens;
+}
+
+// Writes train/val files under `dir` and returns a config that trains on them.
+inline RunConfig tiny_run_config(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  write_llmc_shard(dir / "train.bin", patterned_tokens(20000, 64, 1));
+  write_llmc_shard(dir / "val.bin", patterned_tokens(4000, 64, 2));
+  RunConfig c;
+  c.model.vocab_size = 64;
+  c.model.padded_vocab_size = 64;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.n_embd = 32;
+  c.model.context_length = 32;
+  c.model.position.kind = "pope";
+  c.data.train = (dir / "train.bin").string();
+  c.data.val = (dir / "val.bin").string();
+  c.optim.lr = 3e-3;
+  c.optim.min_lr = 3e-4;
+  c.optim.warmup_steps = 2;
+  c.train.steps = 12;
+  c.train.batch_size = 8;
+  c.train.micro_batch_size = 4;
+  c.train.seq_len = 32;
+  c.train.log_every = 1;
+  c.train.eval_every = 0;
+  c.train.eval_batches = 2;
+  c.train.checkpoint_every = 0;
+  c.train.device = "cpu";
+  c.train.threads = 1;
+  return c;
+}
+
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("pope_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+}  // namespace pope::testing
