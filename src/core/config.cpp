@@ -161,6 +161,7 @@ std::string fnv1a_64_hex(const std::string& bytes) {
 namespace config_schema {
 
 void check_config(const RunConfig& config, const std::string& source) {
+  // Per-key ranges first: the rules below divide by n_head and micro_batch_size.
   for (const Field& field : fields()) check_field(field, config, source);
   check_model_shape(config.model, source);
   check_position(config.model, source);
