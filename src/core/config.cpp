@@ -1,0 +1,198 @@
+// Validation of a RunConfig (per-key ranges from the schema, then the rules that relate
+// keys), the gradient-accumulation split and the config hash.
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/config_schema.hpp"
+#include "pope/config.hpp"
+
+namespace pope {
+
+using config_schema::fail;
+
+ConfigError::ConfigError(std::string path, const std::string& message)
+    : std::runtime_error(path + ": " + message), path_(std::move(path)) {}
+
+namespace {
+
+// Why `batch_size` cannot be split into micro-batches over `world_size` ranks, if it cannot.
+std::optional<std::string> batch_split_problem(const TrainConfig& train, int world_size) {
+  if (world_size < 1) return fmt::format("the world size must be at least 1, found {}", world_size);
+  const long per_step = long(train.micro_batch_size) * world_size;
+  if (train.micro_batch_size < 1 || train.batch_size % per_step != 0) {
+    return fmt::format("expected a multiple of train.micro_batch_size ({}) × world size ({}) = {}, found {}",
+                       train.micro_batch_size, world_size, per_step, train.batch_size);
+  }
+  return std::nullopt;
+}
+
+std::string range_text(const config_schema::Range& range) {
+  const char* low = range.min_exclusive ? ">" : ">=";
+  const char* high = range.max_exclusive ? "<" : "<=";
+  if (range.min && range.max) {
+    return fmt::format("in {}{}, {}{}", range.min_exclusive ? "(" : "[", *range.min, *range.max,
+                       range.max_exclusive ? ")" : "]");
+  }
+  if (range.min) return fmt::format("{} {}", low, *range.min);
+  if (range.max) return fmt::format("{} {}", high, *range.max);
+  return "";
+}
+
+bool in_range(double value, const config_schema::Range& range) {
+  if (range.min && (range.min_exclusive ? value <= *range.min : value < *range.min)) return false;
+  if (range.max && (range.max_exclusive ? value >= *range.max : value > *range.max)) return false;
+  return true;
+}
+
+void check_field(const config_schema::Field& field, const RunConfig& config, const std::string& source) {
+  const std::string path(field.path);
+  std::visit(
+      [&](auto access) {
+        const auto& value = config_schema::read(access, config);
+        using T = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (field.allowed.empty()) return;
+          for (std::string_view allowed : field.allowed) {
+            if (value == allowed) return;
+          }
+          fail(path, fmt::format("expected one of {}; found \"{}\"", fmt::join(field.allowed, ", "), value), source);
+        } else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+          if (in_range(double(value), field.range)) return;
+          fail(path,
+               fmt::format("expected {} {}, found {}", std::is_integral_v<T> ? "an integer" : "a number",
+                           range_text(field.range), value),
+               source);
+        }
+      },
+      field.access);
+}
+
+// An integer within floating-point round-off (fractions such as 0.5 × 64 are exact).
+std::optional<long> as_whole_number(double value) {
+  const double rounded = std::round(value);
+  if (std::abs(value - rounded) > 1e-9) return std::nullopt;
+  return long(rounded);
+}
+
+void check_model_shape(const ModelConfig& model, const std::string& source) {
+  if (model.n_embd % model.n_head != 0) {
+    fail("model.n_embd",
+         fmt::format("expected a multiple of model.n_head ({}), found {}", model.n_head, model.n_embd), source);
+  }
+  // RoPE and PoPE both pair channels of a head; every paper model has an even head dim.
+  if (model.head_dim() % 2 != 0) {
+    fail("model.n_embd",
+         fmt::format("expected an even head dim n_embd / n_head, found {} / {} = {}", model.n_embd, model.n_head,
+                     model.head_dim()),
+         source);
+  }
+  if (model.padded_vocab_size < model.vocab_size) {
+    fail("model.padded_vocab_size",
+         fmt::format("expected at least model.vocab_size ({}), found {}", model.vocab_size,
+                     model.padded_vocab_size),
+         source);
+  }
+}
+
+void check_position(const ModelConfig& model, const std::string& source) {
+  const PositionConfig& position = model.position;
+  const RopeScalingConfig& scaling = position.rope.scaling;
+  if (scaling.yarn_beta <= scaling.yarn_alpha) {
+    fail("model.position.rope.scaling.yarn_beta",
+         fmt::format("expected more than yarn_alpha ({}), found {}", scaling.yarn_alpha, scaling.yarn_beta),
+         source);
+  }
+  if (position.kind == "rope") {
+    // The rotating channels are split into two halves (NeoX pairing): an even whole number.
+    const double rotating = position.rope.fraction * model.head_dim();
+    const std::optional<long> channels = as_whole_number(rotating);
+    if (!channels || *channels % 2 != 0) {
+      fail("model.position.rope.fraction",
+           fmt::format("expected fraction × head dim ({}) to be an even whole number of channels, found {}",
+                       model.head_dim(), rotating),
+           source);
+    }
+  }
+  if (position.kind == "alibi") {
+    const double heads = position.alibi.head_fraction * model.n_head;
+    if (!as_whole_number(heads)) {
+      fail("model.position.alibi.head_fraction",
+           fmt::format("expected head_fraction × model.n_head ({}) to be a whole number of heads, found {}",
+                       model.n_head, heads),
+           source);
+    }
+  }
+}
+
+// Training windows longer than L_train only make sense for encodings that do not depend on
+// it: NoPE, ALiBi and PoPE extrapolate as they are, RoPE only with a scaling (PI/NTK/YaRN
+// fine-tuning at 4096 on a 1024 model).
+void check_window(const RunConfig& config, const std::string& source) {
+  const PositionConfig& position = config.model.position;
+  const bool length_free = position.kind != "rope" || position.rope.scaling.kind != "none";
+  if (!length_free && config.train.seq_len > config.model.context_length) {
+    fail("train.seq_len",
+         fmt::format("expected at most model.context_length ({}) for rope without a scaling, found {}",
+                     config.model.context_length, config.train.seq_len),
+         source);
+  }
+}
+
+// Hex of the 64-bit FNV-1a hash of `bytes`.
+std::string fnv1a_64_hex(const std::string& bytes) {
+  std::uint64_t hash = 14695981039346656037ull;
+  for (unsigned char byte : bytes) {
+    hash ^= byte;
+    hash *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", hash);
+}
+
+}  // namespace
+
+namespace config_schema {
+
+void check_config(const RunConfig& config, const std::string& source) {
+  // Per-key ranges first: the rules below divide by n_head and micro_batch_size.
+  for (const Field& field : fields()) check_field(field, config, source);
+  check_model_shape(config.model, source);
+  check_position(config.model, source);
+  check_window(config, source);
+  if (auto problem = batch_split_problem(config.train, 1)) fail("train.batch_size", *problem, source);
+  if (config.optim.min_lr > config.optim.lr) {
+    fail("optim.min_lr",
+         fmt::format("expected at most optim.lr ({}), found {}", config.optim.lr, config.optim.min_lr), source);
+  }
+}
+
+}  // namespace config_schema
+
+void validate(const RunConfig& config) { config_schema::check_config(config, ""); }
+
+int RunConfig::grad_accumulation(int world_size) const {
+  if (auto problem = batch_split_problem(train, world_size)) throw ConfigError("train.batch_size", *problem);
+  return train.batch_size / (train.micro_batch_size * world_size);
+}
+
+std::string config_hash(const RunConfig& config) {
+  nlohmann::json resolved = config_to_json(config);
+  for (const config_schema::Field& field : config_schema::fields()) {
+    if (field.hashed == config_schema::Hashed::no) {
+      const auto pointer = config_schema::pointer_to(field.path);
+      resolved[pointer.parent_pointer()].erase(pointer.back());
+    }
+  }
+  // nlohmann::json objects are key-sorted and numbers print in shortest round-trip form,
+  // so the compact dump is a canonical text of the config.
+  return fnv1a_64_hex(resolved.dump());
+}
+
+}  // namespace pope

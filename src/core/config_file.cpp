@@ -1,0 +1,99 @@
+// Config files: finding one by name and loading it with overrides.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "pope/config.hpp"
+
+namespace pope {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// `path` itself, then with ".json" appended when it has another (or no) extension.
+std::vector<fs::path> spellings(const fs::path& path) {
+  std::vector<fs::path> names{path};
+  if (path.extension() != ".json") names.push_back(fs::path(path.string() + ".json"));
+  return names;
+}
+
+// `configs/` directories in `start` and each of its ancestors, nearest first.
+void add_configs_dirs_upward(fs::path start, std::vector<fs::path>& dirs) {
+  std::error_code ignored;
+  start = fs::absolute(start, ignored);
+  for (fs::path dir = start; !dir.empty(); dir = dir.parent_path()) {
+    fs::path candidate = dir / "configs";
+    if (fs::is_directory(candidate, ignored) &&
+        std::find(dirs.begin(), dirs.end(), candidate) == dirs.end()) {
+      dirs.push_back(candidate);
+    }
+    if (dir == dir.parent_path()) break;
+  }
+}
+
+// Where bare names are looked up: configs/ next to the working directory or above it
+// (running from a build directory inside the source tree), then next to the executable or
+// above it (running an installed or out-of-tree binary from anywhere).
+std::vector<fs::path> configs_search_dirs() {
+  std::vector<fs::path> dirs;
+  std::error_code ignored;
+  add_configs_dirs_upward(fs::current_path(ignored), dirs);
+  const fs::path executable = fs::read_symlink("/proc/self/exe", ignored);
+  if (!executable.empty()) add_configs_dirs_upward(executable.parent_path(), dirs);
+  return dirs;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path.string(), fmt::format("cannot open the config file: {}", std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+fs::path resolve_config_path(const fs::path& path) {
+  std::error_code ignored;
+  for (const fs::path& name : spellings(path)) {
+    if (fs::is_regular_file(name, ignored)) return name;
+  }
+  const bool bare_name = !path.has_parent_path();
+  std::vector<std::string> tried;
+  for (const fs::path& name : spellings(path)) tried.push_back(name.string());
+  if (bare_name) {
+    for (const fs::path& dir : configs_search_dirs()) {
+      for (const fs::path& name : spellings(path)) {
+        if (fs::is_regular_file(dir / name, ignored)) return dir / name;
+        tried.push_back((dir / name).string());
+      }
+    }
+  }
+  throw ConfigError(path.string(), fmt::format("config file not found; tried {}", fmt::join(tried, ", ")));
+}
+
+RunConfig load_config(const fs::path& path, const std::vector<std::string>& overrides) {
+  const fs::path file = resolve_config_path(path);
+  nlohmann::json json_config;
+  try {
+    json_config = nlohmann::json::parse(read_file(file));
+  } catch (const nlohmann::json::parse_error& error) {
+    // nlohmann's message names the line and column of the syntax error.
+    throw ConfigError(file.string(), fmt::format("invalid JSON: {}", error.what()));
+  }
+  for (const std::string& assignment : overrides) apply_override(json_config, assignment);
+  const std::string source = overrides.empty() ? file.string() : file.string() + " with --set overrides";
+  return config_from_json(json_config, source);
+}
+
+}  // namespace pope

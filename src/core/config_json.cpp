@@ -1,0 +1,146 @@
+// RunConfig <-> JSON, and `a.b.c=value` overrides of the JSON form. Every key is handled
+// through the schema table; nothing here names an individual key.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/config_schema.hpp"
+#include "pope/config.hpp"
+
+namespace pope {
+
+using nlohmann::json;
+using config_schema::describe;
+using config_schema::fail;
+
+namespace {
+
+template <class Integer> Integer parse_integer(const json& value, const std::string& path, const std::string& source) {
+  constexpr bool is_unsigned = std::is_unsigned_v<Integer>;
+  const char* expected = is_unsigned ? "a non-negative integer" : "an integer";
+  if (!value.is_number_integer()) fail(path, fmt::format("expected {}, found {}", expected, describe(value)), source);
+  // nlohmann stores non-negative integers as unsigned and negative ones as signed.
+  if (value.is_number_unsigned()) {
+    if (value.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<Integer>::max())) return value.get<Integer>();
+  } else {
+    const std::int64_t signed_value = value.get<std::int64_t>();
+    if (!is_unsigned && signed_value >= std::int64_t(std::numeric_limits<Integer>::min()) &&
+        signed_value <= std::int64_t(std::numeric_limits<Integer>::max())) {
+      return Integer(signed_value);
+    }
+  }
+  fail(path,
+       fmt::format("expected {} in [{}, {}], found {}", expected, std::numeric_limits<Integer>::min(),
+                   std::numeric_limits<Integer>::max(), describe(value)),
+       source);
+}
+
+template <class T> T parse_value(const json& value, const std::string& path, const std::string& source) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!value.is_boolean()) fail(path, "expected true or false, found " + describe(value), source);
+    return value.get<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!value.is_string()) fail(path, "expected a string, found " + describe(value), source);
+    return value.get<std::string>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!value.is_number()) fail(path, "expected a number, found " + describe(value), source);
+    return value.get<T>();
+  } else {
+    return parse_integer<T>(value, path, source);
+  }
+}
+
+std::string join_path(const std::string& section, const std::string& key) {
+  return section.empty() ? key : section + "." + key;
+}
+
+// Rejects any key the schema does not know, at any depth, and sections that are not objects.
+void check_keys(const json& object, const std::string& section, const std::string& source) {
+  for (const auto& [key, value] : object.items()) {
+    const std::string path = join_path(section, key);
+    // A dotted key would otherwise alias a nested one: {"model.n_head": 8} is not model.n_head.
+    const bool plain_key = key.find('.') == std::string::npos && !key.empty();
+    if (plain_key && config_schema::find_field(path)) continue;
+    if (plain_key && config_schema::is_section(path)) {
+      if (!value.is_object()) {
+        fail(path, fmt::format("expected an object with keys {}, found {}",
+                               fmt::join(config_schema::children_of(path), ", "), describe(value)),
+             source);
+      }
+      check_keys(value, path, source);
+      continue;
+    }
+    fail(path, fmt::format("unknown key; the keys of {} are {}", section.empty() ? "the top level" : section,
+                           fmt::join(config_schema::children_of(section), ", ")),
+         source);
+  }
+}
+
+}  // namespace
+
+RunConfig config_from_json(const json& json_config, const std::string& source) {
+  if (!json_config.is_object()) fail("<root>", "expected a JSON object, found " + describe(json_config), source);
+  check_keys(json_config, "", source);
+  RunConfig config;
+  for (const config_schema::Field& field : config_schema::fields()) {
+    const auto pointer = config_schema::pointer_to(field.path);
+    if (!json_config.contains(pointer)) continue;
+    std::visit(
+        [&](auto access) {
+          auto& member = access(config);
+          member = parse_value<std::decay_t<decltype(member)>>(json_config.at(pointer), std::string(field.path),
+                                                                source);
+        },
+        field.access);
+  }
+  config_schema::check_config(config, source);
+  return config;
+}
+
+json config_to_json(const RunConfig& config) {
+  json result = json::object();
+  for (const config_schema::Field& field : config_schema::fields()) {
+    std::visit([&](auto access) { result[config_schema::pointer_to(field.path)] = config_schema::read(access, config); },
+               field.access);
+  }
+  return result;
+}
+
+void apply_override(json& json_config, const std::string& assignment) {
+  const std::size_t equals = assignment.find('=');
+  if (equals == std::string::npos || equals == 0) {
+    throw ConfigError(assignment, "expected an override of the form a.b.c=value");
+  }
+  const std::string path = assignment.substr(0, equals);
+  const std::string text = assignment.substr(equals + 1);
+  if (!config_schema::find_field(path)) {
+    throw ConfigError(path, fmt::format("unknown key in override '{}' (configs/README.md lists every key)", assignment));
+  }
+  if (!json_config.is_object()) throw ConfigError("<root>", "expected a JSON object, found " + describe(json_config));
+
+  // Create the enclosing sections as needed; a section that is present must be an object.
+  json* section = &json_config;
+  std::string section_path;
+  std::size_t start = 0;
+  for (std::size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', start)) {
+    const std::string key = path.substr(start, dot - start);
+    section_path = join_path(section_path, key);
+    json& child = (*section)[key];
+    if (child.is_null()) child = json::object();
+    if (!child.is_object()) throw ConfigError(section_path, "expected an object, found " + describe(child));
+    section = &child;
+    start = dot + 1;
+  }
+  // Values are JSON when they parse as JSON (numbers, booleans, "quoted", arrays), otherwise
+  // plain strings, so that model.position.kind=rope needs no quotes.
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  (*section)[path.substr(start)] = value.is_discarded() ? json(text) : value;
+}
+
+}  // namespace pope

@@ -1,0 +1,146 @@
+// The table of config keys. Defaults are not repeated here: they are the member
+// initialisers in pope/config.hpp, and a key missing from a JSON file keeps them.
+#include "core/config_schema.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace pope::config_schema {
+
+namespace {
+
+// The JSON path of a key is, by contract, its member path in RunConfig, so one macro
+// argument yields both: the stringised path and an accessor for that member. This keeps
+// the two from ever disagreeing.
+#define POPE_CONFIG_KEY(member) #member, +[](RunConfig& c) -> auto& { return c.member; }
+
+Range at_least(double min) { return {.min = min, .min_exclusive = false, .max = {}, .max_exclusive = false}; }
+Range above(double min) { return {.min = min, .min_exclusive = true, .max = {}, .max_exclusive = false}; }
+// (0, 1]: a share of channels or heads.
+Range fraction() { return {.min = 0.0, .min_exclusive = true, .max = 1.0, .max_exclusive = false}; }
+// [0, 1): an Adam moment decay.
+Range decay_rate() { return {.min = 0.0, .min_exclusive = false, .max = 1.0, .max_exclusive = true}; }
+// Any value of the member's type (integers are still checked to fit it).
+Range any() { return {}; }
+
+std::vector<Field> make_fields() {
+  return {
+      {POPE_CONFIG_KEY(model.vocab_size), at_least(1)},
+      {POPE_CONFIG_KEY(model.padded_vocab_size), at_least(1)},
+      {POPE_CONFIG_KEY(model.n_layer), at_least(1)},
+      {POPE_CONFIG_KEY(model.n_head), at_least(1)},
+      {POPE_CONFIG_KEY(model.n_embd), at_least(1)},
+      {POPE_CONFIG_KEY(model.context_length), at_least(1)},
+      {POPE_CONFIG_KEY(model.norm_eps), above(0)},
+      {POPE_CONFIG_KEY(model.init_std), above(0)},
+      {POPE_CONFIG_KEY(model.position.kind), any(), {"nope", "rope", "pope", "alibi"}},
+      {POPE_CONFIG_KEY(model.position.rope.base), above(1)},
+      {POPE_CONFIG_KEY(model.position.rope.fraction), fraction()},
+      {POPE_CONFIG_KEY(model.position.rope.scaling.kind), any(), {"none", "pi", "ntk", "dynamic_ntk", "yarn"}},
+      {POPE_CONFIG_KEY(model.position.rope.scaling.factor), at_least(1)},
+      {POPE_CONFIG_KEY(model.position.rope.scaling.yarn_alpha), at_least(0)},
+      {POPE_CONFIG_KEY(model.position.rope.scaling.yarn_beta), above(0)},
+      {POPE_CONFIG_KEY(model.position.rope.scaling.yarn_temperature), at_least(0)},
+      {POPE_CONFIG_KEY(model.position.pope.base), above(1)},
+      {POPE_CONFIG_KEY(model.position.pope.magnitude), any(), {"softplus", "identity", "relu"}},
+      {POPE_CONFIG_KEY(model.position.pope.learn_delta)},
+      {POPE_CONFIG_KEY(model.position.pope.delta_init), any(), {"zero", "uniform"}},
+      {POPE_CONFIG_KEY(model.position.pope.scale), any(), {"inv_sqrt_d", "inv_sqrt_2d"}},
+      {POPE_CONFIG_KEY(model.position.alibi.head_fraction), fraction()},
+      {POPE_CONFIG_KEY(data.train)},
+      {POPE_CONFIG_KEY(data.val)},
+      {POPE_CONFIG_KEY(optim.lr), at_least(0)},
+      {POPE_CONFIG_KEY(optim.min_lr), at_least(0)},
+      {POPE_CONFIG_KEY(optim.warmup_steps), at_least(0)},
+      {POPE_CONFIG_KEY(optim.schedule), any(), {"cosine", "linear", "constant"}},
+      {POPE_CONFIG_KEY(optim.beta1), decay_rate()},
+      {POPE_CONFIG_KEY(optim.beta2), decay_rate()},
+      {POPE_CONFIG_KEY(optim.eps), above(0)},
+      {POPE_CONFIG_KEY(optim.weight_decay), at_least(0)},
+      {POPE_CONFIG_KEY(optim.grad_clip), at_least(0)},
+      {POPE_CONFIG_KEY(train.steps), at_least(1), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.batch_size), at_least(1)},
+      {POPE_CONFIG_KEY(train.micro_batch_size), at_least(1)},
+      {POPE_CONFIG_KEY(train.seq_len), at_least(1)},
+      {POPE_CONFIG_KEY(train.seed), any()},
+      {POPE_CONFIG_KEY(train.log_every), at_least(1), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.eval_every), at_least(0), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.eval_batches), at_least(1), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.checkpoint_every), at_least(0), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.keep_checkpoints), at_least(1), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.max_nonfinite_steps), at_least(0)},
+      {POPE_CONFIG_KEY(train.device), any(), {"auto", "cpu", "cuda"}, Hashed::no},
+      {POPE_CONFIG_KEY(train.threads), at_least(0), {}, Hashed::no},
+      {POPE_CONFIG_KEY(out_dir), any(), {}, Hashed::no},
+  };
+}
+
+#undef POPE_CONFIG_KEY
+
+bool starts_with_section(std::string_view path, std::string_view section) {
+  return path.size() > section.size() && path.starts_with(section) && path[section.size()] == '.';
+}
+
+}  // namespace
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = make_fields();
+  return table;
+}
+
+const Field* find_field(std::string_view path) {
+  for (const Field& field : fields()) {
+    if (field.path == path) return &field;
+  }
+  return nullptr;
+}
+
+bool is_section(std::string_view path) {
+  return std::any_of(fields().begin(), fields().end(),
+                     [&](const Field& field) { return starts_with_section(field.path, path); });
+}
+
+std::vector<std::string> children_of(std::string_view section) {
+  std::vector<std::string> children;
+  for (const Field& field : fields()) {
+    std::string_view rest = field.path;
+    if (!section.empty()) {
+      if (!starts_with_section(rest, section)) continue;
+      rest.remove_prefix(section.size() + 1);
+    }
+    std::string child(rest.substr(0, rest.find('.')));
+    if (std::find(children.begin(), children.end(), child) == children.end()) children.push_back(child);
+  }
+  return children;
+}
+
+nlohmann::json::json_pointer pointer_to(std::string_view path) {
+  std::string pointer = "/";
+  for (char c : path) pointer.push_back(c == '.' ? '/' : c);
+  return nlohmann::json::json_pointer(pointer);
+}
+
+std::string describe(const nlohmann::json& value) {
+  constexpr std::size_t kMaxShown = 60;
+  std::string shown = value.dump();
+  if (shown.size() > kMaxShown) shown = shown.substr(0, kMaxShown) + "…";
+  switch (value.type()) {
+    case nlohmann::json::value_t::string: return shown + " (a string)";
+    case nlohmann::json::value_t::boolean: return shown + " (a boolean)";
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned: return shown + " (an integer)";
+    case nlohmann::json::value_t::number_float: return shown + " (a floating-point number)";
+    case nlohmann::json::value_t::array: return shown + " (an array)";
+    case nlohmann::json::value_t::object: return shown + " (an object)";
+    case nlohmann::json::value_t::null: return "null";
+    default: return shown;
+  }
+}
+
+void fail(const std::string& path, const std::string& message, const std::string& source) {
+  throw ConfigError(path, source.empty() ? message : fmt::format("{} (in {})", message, source));
+}
+
+}  // namespace pope::config_schema

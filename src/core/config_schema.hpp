@@ -1,0 +1,69 @@
+// The config schema: every key of RunConfig described once (JSON path, member, allowed
+// values, whether it enters the hash). Parsing, to_json, range checks, overrides and the
+// hash are all driven by this one table, so adding a key means adding one table row
+// (and a line in configs/README.md, which a test checks).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pope/config.hpp"
+
+namespace pope::config_schema {
+
+// Numeric bounds of a key; an unset side is unbounded.
+struct Range {
+  std::optional<double> min;
+  bool min_exclusive = false;
+  std::optional<double> max;
+  bool max_exclusive = false;
+};
+
+// Reaches one member of a RunConfig; one alternative per C++ type a key can have.
+template <class T> using Accessor = T& (*)(RunConfig&);
+using FieldAccessor = std::variant<Accessor<int>, Accessor<long>, Accessor<std::uint64_t>, Accessor<double>,
+                                   Accessor<bool>, Accessor<std::string>>;
+
+enum class Hashed { yes, no };
+
+struct Field {
+  std::string_view path;                 // "model.position.kind": also the member path in RunConfig
+  FieldAccessor access;
+  Range range = {};                      // numeric keys only
+  std::vector<std::string_view> allowed = {};  // string keys only; empty: any string
+  Hashed hashed = Hashed::yes;           // no: may change between a run and its resume
+};
+
+// All keys, in README order.
+const std::vector<Field>& fields();
+// The key at `path`, or nullptr.
+const Field* find_field(std::string_view path);
+// True for "model", "model.position", …: a prefix of some key that is a JSON object.
+bool is_section(std::string_view path);
+// The direct children of `section` ("" = top level), for "unknown key" messages.
+std::vector<std::string> children_of(std::string_view section);
+
+// Reads a field without modifying the config (accessors are written for the mutable case).
+template <class T> const T& read(Accessor<T> access, const RunConfig& config) {
+  return access(const_cast<RunConfig&>(config));
+}
+
+// "model.n_head" -> "/model/n_head"
+nlohmann::json::json_pointer pointer_to(std::string_view path);
+
+// A JSON value as an error message shows it: the value (shortened) and its kind.
+std::string describe(const nlohmann::json& value);
+
+// Throws ConfigError(path, message), naming `source` (a file name) when it is known.
+[[noreturn]] void fail(const std::string& path, const std::string& message, const std::string& source);
+
+// validate() with the source named in every message.
+void check_config(const RunConfig& config, const std::string& source);
+
+}  // namespace pope::config_schema

@@ -1,0 +1,377 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pope/config.hpp"
+
+using namespace pope;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Runs `action`, expects a ConfigError at `path` whose message contains every fragment.
+void expect_config_error(const std::function<void()>& action, const std::string& path,
+                         const std::vector<std::string>& fragments) {
+  try {
+    action();
+    ADD_FAILURE() << "expected a ConfigError at " << path;
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.path(), path) << error.what();
+    for (const std::string& fragment : fragments) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos)
+          << "'" << fragment << "' missing from: " << error.what();
+    }
+  }
+}
+
+void expect_json_error(const json& config, const std::string& path, const std::vector<std::string>& fragments) {
+  expect_config_error([&] { config_from_json(config, "test.json"); }, path, fragments);
+}
+
+void expect_invalid(const std::function<void(RunConfig&)>& change, const std::string& path,
+                    const std::vector<std::string>& fragments) {
+  RunConfig config;
+  change(config);
+  expect_config_error([&] { validate(config); }, path, fragments);
+}
+
+fs::path shipped(const std::string& name) { return fs::path(POPE_SOURCE_DIR) / "configs" / (name + ".json"); }
+
+// Every leaf of a JSON object as a dotted path.
+void collect_leaf_paths(const json& object, const std::string& prefix, std::vector<std::string>& out) {
+  for (const auto& [key, value] : object.items()) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (value.is_object()) {
+      collect_leaf_paths(value, path, out);
+    } else {
+      out.push_back(path);
+    }
+  }
+}
+
+// A fresh directory under the system temp dir, made the working directory for the
+// test's lifetime (both undone on destruction).
+class ScratchDirectory {
+ public:
+  ScratchDirectory() : previous_(fs::current_path()) {
+    std::string pattern = (fs::temp_directory_path() / "pope_test_config_XXXXXX").string();
+    root_ = mkdtemp(pattern.data());
+    fs::current_path(root_);
+  }
+  ~ScratchDirectory() {
+    fs::current_path(previous_);
+    fs::remove_all(root_);
+  }
+  const fs::path& root() const { return root_; }
+  void write(const fs::path& relative, const std::string& text) const {
+    fs::create_directories((root_ / relative).parent_path());
+    std::ofstream(root_ / relative) << text;
+  }
+
+ private:
+  fs::path previous_;
+  fs::path root_;
+};
+
+}  // namespace
+
+TEST(Config, ErrorMessageIsPathThenMessage) {
+  ConfigError error("model.n_head", "expected an integer");
+  EXPECT_STREQ(error.what(), "model.n_head: expected an integer");
+  EXPECT_EQ(error.path(), "model.n_head");
+}
+
+TEST(Config, DefaultsRoundTripThroughJson) {
+  const json defaults = config_to_json(RunConfig{});
+  EXPECT_EQ(config_to_json(config_from_json(defaults)), defaults);
+  // A missing key takes the struct default.
+  EXPECT_EQ(config_to_json(config_from_json(json::object())), defaults);
+  EXPECT_EQ(defaults["model"]["position"]["pope"]["delta_init"], "zero");
+  EXPECT_EQ(defaults["train"]["seed"], 1337u);
+}
+
+TEST(Config, NonDefaultValuesRoundTrip) {
+  RunConfig config;
+  config.model.position.kind = "rope";
+  config.model.position.rope.scaling.kind = "yarn";
+  config.model.position.rope.scaling.factor = 4.0;
+  config.model.position.pope.learn_delta = false;
+  config.optim.lr = 3e-4;
+  config.train.steps = 5'000'000'000L;
+  config.train.seed = 18'000'000'000'000'000'000ull;  // above INT64_MAX: needs the unsigned path
+  config.out_dir = "runs/x";
+  const RunConfig back = config_from_json(config_to_json(config));
+  EXPECT_EQ(back.model.position.kind, "rope");
+  EXPECT_EQ(back.model.position.rope.scaling.kind, "yarn");
+  EXPECT_EQ(back.model.position.rope.scaling.factor, 4.0);
+  EXPECT_FALSE(back.model.position.pope.learn_delta);
+  EXPECT_EQ(back.optim.lr, 3e-4);
+  EXPECT_EQ(back.train.steps, 5'000'000'000L);
+  EXPECT_EQ(back.train.seed, 18'000'000'000'000'000'000ull);
+  EXPECT_EQ(back.out_dir, "runs/x");
+  EXPECT_EQ(config_to_json(back), config_to_json(config));
+}
+
+TEST(Config, ShippedConfigsLoadAndValidate) {
+  struct Expected {
+    std::string name;
+    int n_embd, n_head, n_layer, micro_batch_size;
+  };
+  for (const Expected& e : std::vector<Expected>{{"owt_124m", 768, 12, 12, 32},
+                                                 {"owt_253m", 1024, 16, 16, 16},
+                                                 {"owt_774m", 1280, 20, 36, 16}}) {
+    SCOPED_TRACE(e.name);
+    const RunConfig config = load_config(shipped(e.name));
+    validate(config);
+    EXPECT_EQ(config.model.n_embd, e.n_embd);
+    EXPECT_EQ(config.model.n_head, e.n_head);
+    EXPECT_EQ(config.model.n_layer, e.n_layer);
+    EXPECT_EQ(config.model.head_dim(), 64);
+    EXPECT_EQ(config.model.context_length, 1024);
+    EXPECT_EQ(config.model.position.kind, "pope");
+    EXPECT_EQ(config.model.position.pope.delta_init, "zero");
+    EXPECT_EQ(config.optim.lr, 6e-4);
+    EXPECT_EQ(config.optim.min_lr, 6e-5);
+    EXPECT_EQ(config.optim.warmup_steps, 1000);
+    EXPECT_EQ(config.optim.beta2, 0.95);
+    EXPECT_EQ(config.optim.weight_decay, 0.01);
+    EXPECT_EQ(config.optim.grad_clip, 1.0);
+    EXPECT_EQ(config.train.steps, 100000);
+    EXPECT_EQ(config.train.batch_size, 64);
+    EXPECT_EQ(config.train.seq_len, 1024);
+    EXPECT_EQ(config.train.micro_batch_size, e.micro_batch_size);
+    EXPECT_EQ(config.grad_accumulation(1) * e.micro_batch_size, 64);
+    EXPECT_EQ(config.data.train, "data/owt/train.bin");
+    EXPECT_EQ(config.data.val, "data/owt/val.bin");
+  }
+  const RunConfig small = load_config(shipped("small_cpu"));
+  validate(small);
+  EXPECT_EQ(small.model.n_embd, 128);
+  EXPECT_EQ(small.train.steps, 300);
+  EXPECT_EQ(small.grad_accumulation(1), 2);
+  EXPECT_EQ(small.data.train, "data/demo/train.bin");
+}
+
+TEST(Config, UnknownKeysAreRejectedAtAnyDepth) {
+  expect_json_error({{"model", {{"position", {{"pope", {{"delta_int", "zero"}}}}}}}},
+                    "model.position.pope.delta_int", {"unknown key", "delta_init", "test.json"});
+  expect_json_error({{"trian", {{"steps", 10}}}}, "trian", {"unknown key", "the top level", "train"});
+  // A dotted key must not alias the nested one.
+  expect_json_error({{"model.n_head", 8}}, "model.n_head", {"unknown key"});
+  expect_json_error({{"model", 3}}, "model", {"expected an object", "n_head", "3 (an integer)"});
+  expect_json_error(json::array(), "<root>", {"expected a JSON object"});
+}
+
+TEST(Config, WrongTypesNameThePathAndTheExpectedType) {
+  expect_json_error({{"model", {{"n_head", "twelve"}}}}, "model.n_head",
+                    {"expected an integer", "\"twelve\" (a string)", "test.json"});
+  expect_json_error({{"model", {{"n_head", 12.5}}}}, "model.n_head", {"expected an integer", "12.5"});
+  expect_json_error({{"model", {{"n_head", 1e12}}}}, "model.n_head", {"expected an integer"});
+  expect_json_error({{"model", {{"n_head", 1LL << 40}}}}, "model.n_head", {"in [-2147483648, 2147483647]"});
+  expect_json_error({{"train", {{"seed", -1}}}}, "train.seed", {"expected a non-negative integer", "-1"});
+  expect_json_error({{"optim", {{"lr", true}}}}, "optim.lr", {"expected a number", "true (a boolean)"});
+  expect_json_error({{"model", {{"position", {{"kind", 3}}}}}}, "model.position.kind", {"expected a string"});
+  expect_json_error({{"model", {{"position", {{"pope", {{"learn_delta", "no"}}}}}}}},
+                    "model.position.pope.learn_delta", {"expected true or false"});
+  // Integers are valid numbers for floating-point keys.
+  EXPECT_EQ(config_from_json({{"optim", {{"grad_clip", 2}}}}).optim.grad_clip, 2.0);
+}
+
+TEST(Config, OutOfRangeValuesAreRejected) {
+  expect_json_error({{"model", {{"n_head", 0}}}}, "model.n_head", {"expected an integer >= 1, found 0", "test.json"});
+  expect_invalid([](RunConfig& c) { c.optim.beta2 = 1.0; }, "optim.beta2", {"in [0, 1)", "found 1"});
+  expect_invalid([](RunConfig& c) { c.model.position.rope.fraction = 0.0; }, "model.position.rope.fraction",
+                 {"in (0, 1]"});
+  expect_invalid([](RunConfig& c) { c.optim.eps = 0.0; }, "optim.eps", {"> 0"});
+  expect_invalid([](RunConfig& c) { c.optim.lr = -1e-3; }, "optim.lr", {">= 0"});
+  expect_invalid([](RunConfig& c) { c.model.position.rope.scaling.factor = 0.5; },
+                 "model.position.rope.scaling.factor", {">= 1"});
+  expect_invalid([](RunConfig& c) { c.train.keep_checkpoints = 0; }, "train.keep_checkpoints", {">= 1"});
+}
+
+TEST(Config, CrossFieldRules) {
+  expect_invalid([](RunConfig& c) { c.model.n_embd = 770; }, "model.n_embd", {"multiple of model.n_head (12)"});
+  expect_invalid([](RunConfig& c) { c.model.n_embd = 780; }, "model.n_embd", {"even head dim", "65"});
+  expect_invalid([](RunConfig& c) { c.model.padded_vocab_size = 50000; }, "model.padded_vocab_size",
+                 {"at least model.vocab_size (50257)"});
+  expect_invalid([](RunConfig& c) { c.optim.min_lr = 1e-3; }, "optim.min_lr", {"at most optim.lr"});
+  expect_invalid([](RunConfig& c) { c.train.micro_batch_size = 24; }, "train.batch_size", {"multiple of"});
+  expect_invalid([](RunConfig& c) { c.model.position.rope.scaling.yarn_beta = 1.0; },
+                 "model.position.rope.scaling.yarn_beta", {"more than yarn_alpha"});
+  expect_invalid(
+      [](RunConfig& c) {
+        c.model.position.kind = "rope";
+        c.model.position.rope.fraction = 0.3;  // 19.2 channels of 64
+      },
+      "model.position.rope.fraction", {"even whole number"});
+  expect_invalid(
+      [](RunConfig& c) {
+        c.model.position.kind = "alibi";
+        c.model.position.alibi.head_fraction = 0.3;  // 3.6 heads of 12
+      },
+      "model.position.alibi.head_fraction", {"whole number of heads"});
+
+  // Windows longer than L_train: an error for plain RoPE only.
+  expect_invalid(
+      [](RunConfig& c) {
+        c.model.position.kind = "rope";
+        c.train.seq_len = 4096;
+      },
+      "train.seq_len", {"at most model.context_length (1024)"});
+  RunConfig long_window;
+  long_window.train.seq_len = 4096;
+  for (const char* kind : {"pope", "nope", "alibi"}) {
+    long_window.model.position.kind = kind;
+    EXPECT_NO_THROW(validate(long_window)) << kind;
+  }
+  long_window.model.position.kind = "rope";
+  long_window.model.position.rope.scaling.kind = "yarn";
+  long_window.model.position.rope.scaling.factor = 4.0;
+  EXPECT_NO_THROW(validate(long_window));
+  RunConfig half_rope;
+  half_rope.model.position.kind = "rope";
+  half_rope.model.position.rope.fraction = 0.5;
+  EXPECT_NO_THROW(validate(half_rope));
+}
+
+TEST(Config, BadEnumListsTheAllowedValues) {
+  expect_json_error({{"model", {{"position", {{"kind", "popee"}}}}}}, "model.position.kind",
+                    {"expected one of nope, rope, pope, alibi", "\"popee\""});
+  expect_invalid([](RunConfig& c) { c.train.device = "gpu"; }, "train.device", {"auto, cpu, cuda", "\"gpu\""});
+  expect_invalid([](RunConfig& c) { c.optim.schedule = "step"; }, "optim.schedule", {"cosine, linear, constant"});
+}
+
+TEST(Config, OverridesSetNestedKeysOfEveryType) {
+  json config = json::parse(R"({"model": {"n_head": 12}})");
+  apply_override(config, "model.position.kind=rope");  // unquoted: a plain string
+  apply_override(config, "optim.lr=3e-4");
+  apply_override(config, "model.n_head=8");
+  apply_override(config, "data.train=\"a b.bin\"");
+  apply_override(config, "model.position.pope.learn_delta=false");
+  apply_override(config, "out_dir=runs/with=sign");  // only the first '=' separates
+  const RunConfig parsed = config_from_json(config);
+  EXPECT_EQ(parsed.model.position.kind, "rope");
+  EXPECT_EQ(parsed.optim.lr, 3e-4);
+  EXPECT_EQ(parsed.model.n_head, 8);
+  EXPECT_EQ(parsed.data.train, "a b.bin");
+  EXPECT_FALSE(parsed.model.position.pope.learn_delta);
+  EXPECT_EQ(parsed.out_dir, "runs/with=sign");
+}
+
+TEST(Config, BadOverridesAreRejected) {
+  json config = json::object();
+  expect_config_error([&] { apply_override(config, "model.n_heads=8"); }, "model.n_heads",
+                      {"unknown key", "model.n_heads=8"});
+  expect_config_error([&] { apply_override(config, "model=3"); }, "model", {"unknown key"});
+  expect_config_error([&] { apply_override(config, "model.n_head"); }, "model.n_head", {"a.b.c=value"});
+  json not_a_section = {{"model", 3}};
+  expect_config_error([&] { apply_override(not_a_section, "model.n_head=8"); }, "model", {"expected an object"});
+  // The type is checked when the JSON is parsed.
+  apply_override(config, "model.n_head=abc");
+  expect_json_error(config, "model.n_head", {"expected an integer", "\"abc\" (a string)"});
+}
+
+TEST(Config, LoadConfigAppliesOverridesAndReportsFileErrors) {
+  ScratchDirectory scratch;
+  scratch.write("run.json", R"({"model": {"n_layer": 2}, "train": {"steps": 7}})");
+  const RunConfig config = load_config("run.json", {"train.steps=9", "model.position.kind=nope"});
+  EXPECT_EQ(config.model.n_layer, 2);
+  EXPECT_EQ(config.train.steps, 9);
+  EXPECT_EQ(config.model.position.kind, "nope");
+  expect_config_error([] { load_config("run.json", {"model.n_layer=0"}); }, "model.n_layer",
+                      {"run.json with --set overrides"});
+
+  scratch.write("broken.json", "{\n  \"model\": {\n    \"n_layer\": 2,\n  }\n}\n");
+  expect_config_error([] { load_config("broken.json"); }, "broken.json", {"invalid JSON", "line 4"});
+  expect_config_error([] { load_config("missing_dir/none.json"); }, "missing_dir/none.json", {"not found"});
+}
+
+TEST(Config, BareNamesResolveToConfigsDirectories) {
+  ScratchDirectory scratch;
+  scratch.write("configs/mine.json", "{}");
+  scratch.write("plain.json", "{}");
+  EXPECT_EQ(resolve_config_path("plain"), fs::path("plain.json"));  // as given, plus ".json"
+  EXPECT_TRUE(fs::equivalent(resolve_config_path("mine"), scratch.root() / "configs/mine.json"));
+  EXPECT_TRUE(fs::equivalent(resolve_config_path("mine.json"), scratch.root() / "configs/mine.json"));
+  // From below, the search walks up to the configs/ directory.
+  fs::create_directories(scratch.root() / "build/deep");
+  fs::current_path(scratch.root() / "build/deep");
+  EXPECT_TRUE(fs::equivalent(resolve_config_path("mine"), scratch.root() / "configs/mine.json"));
+  // Names with a directory part are never searched for.
+  expect_config_error([] { resolve_config_path("sub/mine"); }, "sub/mine", {"not found"});
+  expect_config_error([] { resolve_config_path("no_such_config"); }, "no_such_config",
+                      {"not found", "configs/no_such_config.json"});
+}
+
+TEST(Config, BareNamesFallBackToTheExecutablesSourceTree) {
+  const std::string source = fs::weakly_canonical(POPE_SOURCE_DIR).string();
+  const std::string binary = fs::weakly_canonical(POPE_BINARY_DIR).string();
+  if (binary.rfind(source + "/", 0) != 0) GTEST_SKIP() << "build directory outside the source tree";
+  ScratchDirectory scratch;  // no configs/ here or above (the temp dir)
+  EXPECT_TRUE(fs::equivalent(resolve_config_path("owt_124m"), shipped("owt_124m")));
+}
+
+TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
+  const RunConfig base;
+  const std::string hash = config_hash(base);
+  EXPECT_EQ(hash.size(), 16u);
+  EXPECT_EQ(hash.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(config_hash(config_from_json(config_to_json(base))), hash);
+
+  const std::vector<std::function<void(RunConfig&)>> bookkeeping = {
+      [](RunConfig& c) { c.train.log_every = 1; },        [](RunConfig& c) { c.train.checkpoint_every = 7; },
+      [](RunConfig& c) { c.train.keep_checkpoints = 9; }, [](RunConfig& c) { c.train.device = "cpu"; },
+      [](RunConfig& c) { c.train.threads = 3; },          [](RunConfig& c) { c.train.steps = 5; },
+      [](RunConfig& c) { c.out_dir = "elsewhere"; },      [](RunConfig& c) { c.train.eval_every = 1; },
+      [](RunConfig& c) { c.train.eval_batches = 2; }};
+  RunConfig all_changed;
+  for (const auto& change : bookkeeping) {
+    RunConfig changed;
+    change(changed);
+    change(all_changed);
+    EXPECT_NE(config_to_json(changed), config_to_json(base));
+    EXPECT_EQ(config_hash(changed), hash);
+  }
+  EXPECT_EQ(config_hash(all_changed), hash);
+
+  const std::vector<std::function<void(RunConfig&)>> result_changing = {
+      [](RunConfig& c) { c.optim.lr = 5e-4; }, [](RunConfig& c) { c.model.position.kind = "rope"; },
+      [](RunConfig& c) { c.train.seed = 1; }, [](RunConfig& c) { c.data.train = "other.bin"; }};
+  for (const auto& change : result_changing) {
+    RunConfig changed;
+    change(changed);
+    EXPECT_NE(config_hash(changed), hash);
+  }
+}
+
+TEST(Config, GradAccumulationSplitsTheGlobalBatch) {
+  RunConfig config;  // batch 64, micro 16
+  EXPECT_EQ(config.grad_accumulation(), 4);
+  EXPECT_EQ(config.grad_accumulation(2), 2);
+  EXPECT_EQ(config.grad_accumulation(4), 1);
+  expect_config_error([&] { config.grad_accumulation(3); }, "train.batch_size", {"16", "× world size (3) = 48"});
+  expect_config_error([&] { config.grad_accumulation(8); }, "train.batch_size", {"= 128"});
+  expect_config_error([&] { config.grad_accumulation(0); }, "train.batch_size", {"world size"});
+}
+
+TEST(Config, ReadmeDocumentsEveryKey) {
+  std::ifstream in(fs::path(POPE_SOURCE_DIR) / "configs/README.md");
+  ASSERT_TRUE(in) << "configs/README.md missing";
+  std::stringstream readme;
+  readme << in.rdbuf();
+  std::vector<std::string> paths;
+  collect_leaf_paths(config_to_json(RunConfig{}), "", paths);
+  ASSERT_GT(paths.size(), 40u);
+  for (const std::string& path : paths) {
+    EXPECT_NE(readme.str().find("`" + path + "`"), std::string::npos) << path << " is not documented";
+  }
+}
