@@ -1,0 +1,119 @@
+// The CPU reference backend: host memory plus the ops of cpu_ops.hpp, computed in Real
+// (float for training on a CPU, double for finite-difference gradient checks). Readable
+// first; OpenMP over rows/heads and OpenBLAS for matmul keep small models usable.
+#include "cpu/cpu_backend.hpp"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "cpu/cpu_checks.hpp"
+#include "cpu/cpu_ops.hpp"
+#include "cpu/cpu_parallel.hpp"
+
+namespace pope {
+
+namespace {
+
+constexpr std::size_t kAlignment = 64;  // a cache line; also what AVX-512 loads like
+
+template <class Element> void fill_as(int threads, Tensor t, Element value) {
+  auto* data = static_cast<Element*>(t.data);
+  cpu::parallel_for(threads, t.numel(), [&](std::int64_t i) { data[i] = value; });
+}
+
+template <class Real> class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) {}
+
+  DeviceKind device() const override { return DeviceKind::cpu; }
+  BackendDTypes dtypes() const override { return {kReal, kReal, kReal}; }
+  std::string description() const override {
+    return fmt::format("cpu ({}, {} thread{}, OpenBLAS)", std::is_same_v<Real, float> ? "float" : "double", threads_,
+                       threads_ == 1 ? "" : "s");
+  }
+
+  Buffer allocate(std::size_t bytes) override {
+    const std::size_t rounded = std::max<std::size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    void* memory = std::aligned_alloc(kAlignment, rounded);
+    if (memory == nullptr) throw std::bad_alloc();
+    std::memset(memory, 0, rounded);
+    return Buffer(memory, [](void* p) { std::free(p); });
+  }
+
+  void fill(Tensor t, double value) override {
+    switch (t.dtype) {
+      case DType::f32: fill_as(threads_, t, static_cast<float>(value)); return;
+      case DType::f64: fill_as(threads_, t, value); return;
+      case DType::i32: fill_as(threads_, t, static_cast<std::int32_t>(value)); return;
+      case DType::bf16: fill_as(threads_, t, cpu::float_to_bf16(static_cast<float>(value))); return;
+      case DType::u16: fill_as(threads_, t, static_cast<std::uint16_t>(value)); return;
+    }
+  }
+
+  void copy(Tensor dst, Tensor src) override {
+    cpu::require(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy",
+                 fmt::format("dst is {} {}, src is {} {}; expected the same dtype and element count",
+                             dtype_name(dst.dtype), shape_string(dst.shape), dtype_name(src.dtype),
+                             shape_string(src.shape)));
+    if (dst.nbytes() > 0) std::memmove(dst.data, src.data, dst.nbytes());
+  }
+  void convert(Tensor dst, Tensor src) override { cpu::convert(threads_, dst, src); }
+  void copy_from_host(Tensor dst, const void* src) override {
+    if (dst.nbytes() > 0) std::memcpy(dst.data, src, dst.nbytes());
+  }
+  void copy_to_host(void* dst, Tensor src) override {
+    if (src.nbytes() > 0) std::memcpy(dst, src.data, src.nbytes());
+  }
+  void synchronize() override {}  // every op has finished when it returns
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte) override {
+    cpu::embedding_forward<Real>(threads_, out, tokens, wte);
+  }
+  void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens) override {
+    cpu::embedding_backward<Real>(threads_, dwte, dout, tokens);
+  }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor gain, double eps) override {
+    cpu::rmsnorm_forward<Real>(threads_, out, rstd, x, gain, eps);
+  }
+  void rmsnorm_backward(Tensor dx, Tensor dgain, Tensor dout, Tensor x, Tensor gain, Tensor rstd) override {
+    cpu::rmsnorm_backward<Real>(threads_, dx, dgain, dout, x, gain, rstd);
+  }
+  void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha,
+              double beta) override {
+    cpu::matmul<Real>(threads_, out, a, b, transpose_a, transpose_b, alpha, beta);
+  }
+  void gelu_forward(Tensor out, Tensor x) override { cpu::gelu_forward<Real>(threads_, out, x); }
+  void gelu_backward(Tensor dx, Tensor dout, Tensor x) override { cpu::gelu_backward<Real>(threads_, dx, dout, x); }
+  void add(Tensor out, Tensor a, Tensor b) override { cpu::add<Real>(threads_, out, a, b); }
+  void attention_forward(const AttentionForward& args) override { cpu::attention_forward<Real>(threads_, args); }
+  void attention_backward(const AttentionBackward& args) override { cpu::attention_backward<Real>(threads_, args); }
+  void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
+                     double grad_scale) override {
+    cpu::cross_entropy<Real>(threads_, losses, logits, targets, vocab_size, compute_grad, grad_scale);
+  }
+  double sum_of_squares(Tensor x) override { return cpu::sum_of_squares<Real>(threads_, x); }
+  void adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+             const AdamWStep& step, Tensor compute_copy) override {
+    cpu::adamw<Real>(threads_, params, grads, m, v, segments, step, compute_copy);
+  }
+
+ private:
+  static constexpr DType kReal = dtype_of<Real>();
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const std::string& precision, int threads) {
+  if (threads < 0) throw std::invalid_argument(fmt::format("cpu backend: threads is {}, expected >= 0 (0 = all)", threads));
+  const int resolved = threads == 0 ? omp_get_max_threads() : threads;
+  if (precision == "float") return std::make_unique<CpuBackend<float>>(resolved);
+  if (precision == "double") return std::make_unique<CpuBackend<double>>(resolved);
+  throw std::invalid_argument(fmt::format("cpu backend: precision '{}' is unknown, expected \"float\" or \"double\"", precision));
+}
+
+}  // namespace pope

@@ -1,0 +1,53 @@
+// The CPU reference ops, one family per source file, each a template over Real (float or
+// double) explicitly instantiated for both. Semantics are those of the Backend methods of
+// the same name (backend.hpp); every op validates its tensors first and runs on `threads`
+// OpenMP threads with results independent of that number.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "pope/backend.hpp"
+
+namespace pope::cpu {
+
+// cpu_convert.cpp: element conversion between f32, f64 and bf16. bf16 is the upper half
+// of an f32, rounded to nearest even (NaN stays NaN); f64 → bf16 goes through f32.
+std::uint16_t float_to_bf16(float value);
+float bf16_to_float(std::uint16_t bits);
+void convert(int threads, Tensor dst, Tensor src);
+
+// cpu_embedding.cpp
+template <class Real> void embedding_forward(int threads, Tensor out, Tensor tokens, Tensor wte);
+template <class Real> void embedding_backward(int threads, Tensor dwte, Tensor dout, Tensor tokens);
+
+// cpu_rmsnorm.cpp
+template <class Real> void rmsnorm_forward(int threads, Tensor out, Tensor rstd, Tensor x, Tensor gain, double eps);
+template <class Real>
+void rmsnorm_backward(int threads, Tensor dx, Tensor dgain, Tensor dout, Tensor x, Tensor gain, Tensor rstd);
+
+// cpu_matmul.cpp (OpenBLAS)
+template <class Real>
+void matmul(int threads, Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha, double beta);
+
+// cpu_elementwise.cpp
+template <class Real> void gelu_forward(int threads, Tensor out, Tensor x);
+template <class Real> void gelu_backward(int threads, Tensor dx, Tensor dout, Tensor x);
+template <class Real> void add(int threads, Tensor out, Tensor a, Tensor b);
+
+// cpu_attention.cpp
+template <class Real> void attention_forward(int threads, const AttentionForward& args);
+template <class Real> void attention_backward(int threads, const AttentionBackward& args);
+
+// cpu_cross_entropy.cpp
+template <class Real>
+void cross_entropy(int threads, Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
+                   double grad_scale);
+
+// cpu_optimizer.cpp
+template <class Real> double sum_of_squares(int threads, Tensor x);
+template <class Real>
+void adamw(int threads, Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+           const AdamWStep& step, Tensor compute_copy);
+
+}  // namespace pope::cpu
