@@ -1,0 +1,146 @@
+// PoPE (spec: positional-encodings.md, section 3): magnitudes from content, phases from
+// position. Layout and δ handling are documented on PopeEncoding in position_encodings.hpp.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <utility>
+
+#include "position_checks.hpp"
+#include "position_encodings.hpp"
+#include "position_math.hpp"
+
+namespace pope {
+
+namespace {
+
+constexpr double kTwoPi = 2.0 * std::numbers::pi;
+// Above this softplus(x) equals x to double precision (ln(1 + e^−20) ≈ 2e−9 relative to 20
+// is below what the features need, and e^x would overflow for large x).
+constexpr double kSoftplusLinearFrom = 20.0;
+
+PopeMagnitude parse_magnitude(const std::string& name) {
+  if (name == "softplus") return PopeMagnitude::softplus;
+  if (name == "identity") return PopeMagnitude::identity;
+  if (name == "relu") return PopeMagnitude::relu;
+  throw ConfigError("model.position.pope.magnitude",
+                    "unknown magnitude '" + name + "'; expected one of: softplus, identity, relu");
+}
+
+double magnitude_of(PopeMagnitude kind, double x) {
+  switch (kind) {
+    case PopeMagnitude::softplus: return x > kSoftplusLinearFrom ? x : std::log1p(std::exp(x));
+    case PopeMagnitude::identity: return x;
+    case PopeMagnitude::relu: return x > 0.0 ? x : 0.0;
+  }
+  return x;
+}
+
+// d magnitude / dx of exactly the function magnitude_of computes.
+double magnitude_derivative(PopeMagnitude kind, double x) {
+  switch (kind) {
+    case PopeMagnitude::softplus: return x > kSoftplusLinearFrom ? 1.0 : 1.0 / (1.0 + std::exp(-x));
+    case PopeMagnitude::identity: return 1.0;
+    case PopeMagnitude::relu: return x > 0.0 ? 1.0 : 0.0;
+  }
+  return 1.0;
+}
+
+bool delta_in_range(double delta) { return delta >= -kTwoPi && delta <= 0.0; }
+double clamped_delta(double delta) { return std::clamp(delta, -kTwoPi, 0.0); }
+
+// This head's δ row when it applies (keys with a learned δ), else null: δ is on keys only.
+template <class Real> const Real* key_delta_row(bool is_key, int head, int head_dim, ParamValues<Real> params) {
+  if (!is_key || params.empty()) return nullptr;
+  return params[0] + static_cast<std::int64_t>(head) * head_dim;
+}
+
+// cos/sin of channel c's phase at position p: p·ω_c, plus the clamped δ_c on keys.
+template <class Real> Rotation channel_rotation(double p, double omega, const Real* delta, int c) {
+  return rotation_by(p * omega + (delta ? clamped_delta(delta[c]) : 0.0));
+}
+
+}  // namespace
+
+PopeEncoding::PopeEncoding(PopeConfig config)
+    : config_(std::move(config)), magnitude_(parse_magnitude(config_.magnitude)) {
+  if (!(config_.base > 1.0))
+    throw ConfigError("model.position.pope.base", "expected a base > 1, got " + std::to_string(config_.base));
+  if (config_.delta_init != "zero" && config_.delta_init != "uniform")
+    throw ConfigError("model.position.pope.delta_init",
+                      "unknown delta_init '" + config_.delta_init + "'; expected one of: zero, uniform");
+  if (config_.scale != "inv_sqrt_d" && config_.scale != "inv_sqrt_2d")
+    throw ConfigError("model.position.pope.scale",
+                      "unknown scale '" + config_.scale + "'; expected one of: inv_sqrt_d, inv_sqrt_2d");
+}
+
+double PopeEncoding::softmax_scale(const PositionContext& ctx) const {
+  const double width = config_.scale == "inv_sqrt_2d" ? 2.0 * ctx.head_dim : ctx.head_dim;
+  return 1.0 / std::sqrt(width);
+}
+
+std::vector<ParamSpec> PopeEncoding::layer_parameters(int n_head, int head_dim) const {
+  if (!config_.learn_delta) return {};
+  ParamSpec delta{"delta", {n_head, head_dim}, /*weight_decay=*/false, InitKind::zeros};
+  if (config_.delta_init == "uniform") {
+    delta.init = InitKind::uniform;
+    delta.init_a = -kTwoPi;
+    delta.init_b = 0.0;
+  }
+  return {delta};
+}
+
+std::vector<double> PopeEncoding::frequencies(int head_dim) const {
+  return geometric_frequencies(config_.base, head_dim, 1.0 / head_dim);
+}
+
+template <class Real> void PopeEncoding::transform(const QkTransformArgs<Real>& a) const {
+  check_transform_args("pope transform", a, param_count());
+  const PositionContext& ctx = *a.ctx;
+  const int d = ctx.head_dim;
+  const std::vector<double> omega = frequencies(d);
+  const Real* delta = key_delta_row(a.is_key, a.head, d, a.params);
+  for (int row = 0; row < ctx.seq_len; ++row) {
+    const Real* x = a.x + row * a.x_stride;
+    Real* y = a.y + static_cast<std::int64_t>(row) * 2 * d;
+    const double p = absolute_position(ctx, row);
+    for (int c = 0; c < d; ++c) {
+      const Rotation r = channel_rotation(p, omega[c], delta, c);
+      const double mu = magnitude_of(magnitude_, x[c]);
+      y[c] = static_cast<Real>(mu * r.cos);
+      y[d + c] = static_cast<Real>(mu * r.sin);
+    }
+  }
+}
+
+template <class Real> void PopeEncoding::transform_backward(const QkTransformBackwardArgs<Real>& a) const {
+  check_transform_backward_args("pope transform backward", a, param_count());
+  const PositionContext& ctx = *a.ctx;
+  const int d = ctx.head_dim;
+  const std::vector<double> omega = frequencies(d);
+  const Real* delta = key_delta_row(a.is_key, a.head, d, a.params);
+  Real* ddelta = delta ? a.dparams[0] + static_cast<std::int64_t>(a.head) * d : nullptr;
+  for (int row = 0; row < ctx.seq_len; ++row) {
+    const Real* x = a.x + row * a.x_stride;
+    const Real* dy = a.dy + static_cast<std::int64_t>(row) * 2 * d;
+    Real* dx = a.dx + row * a.dx_stride;
+    const double p = absolute_position(ctx, row);
+    for (int c = 0; c < d; ++c) {
+      const Rotation r = channel_rotation(p, omega[c], delta, c);
+      const double g_re = dy[c];
+      const double g_im = dy[d + c];
+      const double dmu = g_re * r.cos + g_im * r.sin;
+      dx[c] += static_cast<Real>(dmu * magnitude_derivative(magnitude_, x[c]));
+      if (ddelta && delta_in_range(delta[c])) {
+        const double mu = magnitude_of(magnitude_, x[c]);
+        ddelta[c] += static_cast<Real>(mu * (-g_re * r.sin + g_im * r.cos));
+      }
+    }
+  }
+}
+
+template void PopeEncoding::transform<float>(const QkTransformArgs<float>&) const;
+template void PopeEncoding::transform<double>(const QkTransformArgs<double>&) const;
+template void PopeEncoding::transform_backward<float>(const QkTransformBackwardArgs<float>&) const;
+template void PopeEncoding::transform_backward<double>(const QkTransformBackwardArgs<double>&) const;
+
+}  // namespace pope
