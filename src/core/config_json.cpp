@@ -106,8 +106,9 @@ RunConfig config_from_json(const json& json_config, const std::string& source) {
 json config_to_json(const RunConfig& config) {
   json result = json::object();
   for (const config_schema::Field& field : config_schema::fields()) {
-    std::visit([&](auto access) { result[config_schema::pointer_to(field.path)] = config_schema::read(access, config); },
-               field.access);
+    std::visit(
+        [&](auto access) { result[config_schema::pointer_to(field.path)] = config_schema::read(access, config); },
+        field.access);
   }
   return result;
 }
@@ -120,7 +121,8 @@ void apply_override(json& json_config, const std::string& assignment) {
   const std::string path = assignment.substr(0, equals);
   const std::string text = assignment.substr(equals + 1);
   if (!config_schema::find_field(path)) {
-    throw ConfigError(path, fmt::format("unknown key in override '{}' (configs/README.md lists every key)", assignment));
+    throw ConfigError(path,
+                      fmt::format("unknown key in override '{}' (configs/README.md lists every key)", assignment));
   }
   if (!json_config.is_object()) throw ConfigError("<root>", "expected a JSON object, found " + describe(json_config));
 

@@ -3,7 +3,6 @@
 #include "core/config_schema.hpp"
 
 #include <algorithm>
-#include <limits>
 
 #include <fmt/format.h>
 

@@ -1,11 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>  // mkdtemp
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include <nlohmann/json.hpp>
