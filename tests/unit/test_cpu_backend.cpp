@@ -216,6 +216,25 @@ TEST(CpuBackend, MatmulAllTransposesForwardAndBackward) {
                std::invalid_argument);
 }
 
+// Output rows are computed in blocks of 64 by separate GEMM calls; check the blocks fit
+// together for both layouts of a.
+TEST(CpuBackend, MatmulSpanningSeveralRowBlocks) {
+  auto backend = make_cpu_backend("double", 2);
+  const int M = 150, K = 5, N = 7;
+  for (bool ta : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "transpose_a " << ta);
+    std::vector<double> a = random_values(M * K, 17), b = random_values(K * N, 18), out(M * N);
+    backend->matmul(host_tensor(out, {M, N}), host_tensor(a, ta ? Shape{K, M} : Shape{M, K}), host_tensor(b, {K, N}), ta,
+                    false);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double product = 0;
+        for (int k = 0; k < K; ++k) product += (ta ? a[k * M + i] : a[i * K + k]) * b[k * N + j];
+        ASSERT_NEAR(out[i * N + j], product, 1e-12) << "row " << i << ", column " << j;
+      }
+  }
+}
+
 TEST(CpuBackend, GeluValuesAndGradient) {
   auto backend = double_backend();
   std::vector<double> x = random_values(20, 14, 2.0), out(20);
@@ -367,8 +386,8 @@ TEST(CpuBackend, AdamWMatchesHandComputedSteps) {
                std::invalid_argument);
 }
 
-// Every op with a reduction (rmsnorm's dgain, the embedding gradient, sum of squares) and
-// the row-parallel ones give bit-identical float results on 1 and 2 threads.
+// Every op with a reduction (rmsnorm's dgain, the embedding gradient, sum of squares,
+// matmul's inner products) and the row-parallel ones give bit-identical float results on 1 and 2 threads.
 TEST(CpuBackend, FloatResultsDoNotDependOnThreadCount) {
   const int rows = 67, width = 130, vocab = 11;
   const std::vector<float> x = to_float(random_values(rows * width, 20)), gain = to_float(random_values(width, 21));
@@ -377,7 +396,7 @@ TEST(CpuBackend, FloatResultsDoNotDependOnThreadCount) {
   for (int n = 0; n < rows; ++n) tokens[n] = (n * 7) % vocab;
 
   struct Results {
-    std::vector<float> out, rstd, dx, dgain, dwte, gelu, logits, params;
+    std::vector<float> out, rstd, dx, dgain, dwte, gelu, logits, params, product;
     double squares = 0;
   };
   auto run = [&](int threads) {
@@ -400,6 +419,10 @@ TEST(CpuBackend, FloatResultsDoNotDependOnThreadCount) {
     std::vector<float> losses(rows);
     backend->cross_entropy(host_tensor(losses, {rows}), host_tensor(r.logits, {rows, width}), host_tensor(tokens, {rows}),
                            width - 3, true, 0.5);
+    // Large enough for OpenBLAS to use its threads.
+    r.product.resize(std::size_t(width) * width);
+    backend->matmul(host_tensor(r.product, {width, width}), host_tensor(xs, {rows, width}), host_tensor(dy, {rows, width}),
+                    true, false);
     r.squares = backend->sum_of_squares(host_tensor(dy, {rows, width}));
     r.params = x;
     std::vector<float> m(x.size()), v(x.size());
@@ -423,6 +446,7 @@ TEST(CpuBackend, FloatResultsDoNotDependOnThreadCount) {
   EXPECT_TRUE(bitwise_equal(one.gelu, two.gelu));
   EXPECT_TRUE(bitwise_equal(one.logits, two.logits));
   EXPECT_TRUE(bitwise_equal(one.params, two.params));
+  EXPECT_TRUE(bitwise_equal(one.product, two.product));
   EXPECT_EQ(std::bit_cast<std::uint64_t>(one.squares), std::bit_cast<std::uint64_t>(two.squares));
 }
 
