@@ -58,6 +58,12 @@ TEST(CpuBackend, AllocateGivesZeroedAlignedMemory) {
   OwnedTensor u = allocate_tensor(*backend, {15}, DType::f32);
   backend->copy(u.tensor, t.tensor);
   EXPECT_EQ(u.tensor.as<float>()[7], 9.0f);
+  OwnedTensor halves = allocate_tensor(*backend, {2}, DType::bf16);
+  backend->fill(halves.tensor, -1.0);
+  EXPECT_EQ(static_cast<const std::uint16_t*>(halves.tensor.data)[1], 0xBF80);  // bf16 −1
+  OwnedTensor ids = allocate_tensor(*backend, {2}, DType::i32);
+  backend->fill(ids.tensor, 7.0);
+  EXPECT_EQ(ids.tensor.as<std::int32_t>()[1], 7);
   OwnedTensor wrong = allocate_tensor(*backend, {15}, DType::f64);
   EXPECT_THROW(backend->copy(wrong.tensor, t.tensor), std::invalid_argument);
 }
