@@ -6,9 +6,11 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "cpu/cpu_checks.hpp"
 #include "cpu/cpu_ops.hpp"

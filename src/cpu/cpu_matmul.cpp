@@ -1,11 +1,14 @@
-// out = alpha · op(a) · op(b) + beta · out through OpenBLAS's row-major GEMM. OpenBLAS
-// splits the work over output rows and columns, never over the inner dimension, so the
-// result does not depend on its thread count.
+// out = alpha · op(a) · op(b) + beta · out through OpenBLAS's row-major GEMM. OpenBLAS's
+// own threading changes how it splits the work and with it the rounding (seen in the
+// thread-independence test), so OpenBLAS runs single-threaded and the output rows are cut
+// into fixed blocks that our threads share: each block is one GEMM call whose result does
+// not depend on how many threads there are.
 #include <cblas.h>
 #include <fmt/format.h>
 
 #include "cpu/cpu_checks.hpp"
 #include "cpu/cpu_ops.hpp"
+#include "cpu/cpu_parallel.hpp"
 
 namespace pope::cpu {
 
@@ -20,6 +23,9 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double al
           const double* b, int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+// Output rows per GEMM call: large enough for OpenBLAS's kernels to run at speed.
+constexpr std::int64_t kRowBlock = 64;
 
 }  // namespace
 
@@ -39,14 +45,23 @@ void matmul(int threads, Tensor out, Tensor a, Tensor b, bool transpose_a, bool 
                       transpose_b ? "ᵀ" : "", shape_string(out.shape)));
   if (m == 0 || n == 0) return;
 
-  openblas_set_num_threads(threads);
+  openblas_set_num_threads(1);
   // Leading dimensions are the stored row lengths; an empty inner dimension still needs
   // a leading dimension of at least 1.
   const int lda = static_cast<int>(std::max<std::int64_t>(1, a.dim(1)));
   const int ldb = static_cast<int>(std::max<std::int64_t>(1, b.dim(1)));
-  gemm(transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-       static_cast<int>(n), static_cast<int>(k), alpha, a.as<Real>(), lda, b.as<Real>(), ldb, beta, out.as<Real>(),
-       static_cast<int>(n));
+  const CBLAS_TRANSPOSE trans_a = transpose_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE trans_b = transpose_b ? CblasTrans : CblasNoTrans;
+  const Real *a_data = a.as<Real>(), *b_data = b.as<Real>();
+  Real* out_data = out.as<Real>();
+  const std::int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
+  parallel_for(threads, blocks, [&](std::int64_t block) {
+    const std::int64_t first = block * kRowBlock, count = std::min(kRowBlock, m - first);
+    // Row i of op(a) is row i of a, or column i of a when transposed.
+    const Real* a_rows = a_data + (transpose_a ? first : first * lda);
+    gemm(trans_a, trans_b, static_cast<int>(count), static_cast<int>(n), static_cast<int>(k), alpha, a_rows, lda, b_data,
+         ldb, beta, out_data + first * n, static_cast<int>(n));
+  });
 }
 
 template void matmul<float>(int, Tensor, Tensor, Tensor, bool, bool, double, double);

@@ -3,7 +3,6 @@
 // mix, or partial sums over fixed chunks are combined in index order.
 #pragma once
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>

@@ -58,6 +58,12 @@ TEST(CpuBackend, AllocateGivesZeroedAlignedMemory) {
   OwnedTensor u = allocate_tensor(*backend, {15}, DType::f32);
   backend->copy(u.tensor, t.tensor);
   EXPECT_EQ(u.tensor.as<float>()[7], 9.0f);
+  OwnedTensor halves = allocate_tensor(*backend, {2}, DType::bf16);
+  backend->fill(halves.tensor, -1.0);
+  EXPECT_EQ(static_cast<const std::uint16_t*>(halves.tensor.data)[1], 0xBF80);  // bf16 −1
+  OwnedTensor ids = allocate_tensor(*backend, {2}, DType::i32);
+  backend->fill(ids.tensor, 7.0);
+  EXPECT_EQ(ids.tensor.as<std::int32_t>()[1], 7);
   OwnedTensor wrong = allocate_tensor(*backend, {15}, DType::f64);
   EXPECT_THROW(backend->copy(wrong.tensor, t.tensor), std::invalid_argument);
 }
@@ -216,6 +222,25 @@ TEST(CpuBackend, MatmulAllTransposesForwardAndBackward) {
                std::invalid_argument);
 }
 
+// Output rows are computed in blocks of 64 by separate GEMM calls; check the blocks fit
+// together for both layouts of a.
+TEST(CpuBackend, MatmulSpanningSeveralRowBlocks) {
+  auto backend = make_cpu_backend("double", 2);
+  const int M = 150, K = 5, N = 7;
+  for (bool ta : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "transpose_a " << ta);
+    std::vector<double> a = random_values(M * K, 17), b = random_values(K * N, 18), out(M * N);
+    backend->matmul(host_tensor(out, {M, N}), host_tensor(a, ta ? Shape{K, M} : Shape{M, K}), host_tensor(b, {K, N}), ta,
+                    false);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double product = 0;
+        for (int k = 0; k < K; ++k) product += (ta ? a[k * M + i] : a[i * K + k]) * b[k * N + j];
+        ASSERT_NEAR(out[i * N + j], product, 1e-12) << "row " << i << ", column " << j;
+      }
+  }
+}
+
 TEST(CpuBackend, GeluValuesAndGradient) {
   auto backend = double_backend();
   std::vector<double> x = random_values(20, 14, 2.0), out(20);
@@ -367,8 +392,8 @@ TEST(CpuBackend, AdamWMatchesHandComputedSteps) {
                std::invalid_argument);
 }
 
-// Every op with a reduction (rmsnorm's dgain, the embedding gradient, sum of squares) and
-// the row-parallel ones give bit-identical float results on 1 and 2 threads.
+// Every op with a reduction (rmsnorm's dgain, the embedding gradient, sum of squares,
+// matmul's inner products) and the row-parallel ones give bit-identical float results on 1 and 2 threads.
 TEST(CpuBackend, FloatResultsDoNotDependOnThreadCount) {
   const int rows = 67, width = 130, vocab = 11;
   const std::vector<float> x = to_float(random_values(rows * width, 20)), gain = to_float(random_values(width, 21));
@@ -377,7 +402,7 @@ TEST(CpuBackend, FloatResultsDoNotDependOnThreadCount) {
   for (int n = 0; n < rows; ++n) tokens[n] = (n * 7) % vocab;
 
   struct Results {
-    std::vector<float> out, rstd, dx, dgain, dwte, gelu, logits, params;
+    std::vector<float> out, rstd, dx, dgain, dwte, gelu, logits, params, product;
     double squares = 0;
   };
   auto run = [&](int threads) {
@@ -400,6 +425,10 @@ TEST(CpuBackend, FloatResultsDoNotDependOnThreadCount) {
     std::vector<float> losses(rows);
     backend->cross_entropy(host_tensor(losses, {rows}), host_tensor(r.logits, {rows, width}), host_tensor(tokens, {rows}),
                            width - 3, true, 0.5);
+    // Large enough for OpenBLAS to use its threads.
+    r.product.resize(std::size_t(width) * width);
+    backend->matmul(host_tensor(r.product, {width, width}), host_tensor(xs, {rows, width}), host_tensor(dy, {rows, width}),
+                    true, false);
     r.squares = backend->sum_of_squares(host_tensor(dy, {rows, width}));
     r.params = x;
     std::vector<float> m(x.size()), v(x.size());
@@ -423,6 +452,7 @@ TEST(CpuBackend, FloatResultsDoNotDependOnThreadCount) {
   EXPECT_TRUE(bitwise_equal(one.gelu, two.gelu));
   EXPECT_TRUE(bitwise_equal(one.logits, two.logits));
   EXPECT_TRUE(bitwise_equal(one.params, two.params));
+  EXPECT_TRUE(bitwise_equal(one.product, two.product));
   EXPECT_EQ(std::bit_cast<std::uint64_t>(one.squares), std::bit_cast<std::uint64_t>(two.squares));
 }
 
