@@ -367,6 +367,10 @@ TEST(Checkpoint, BadPathsAndArgumentsAreCheckpointErrors) {
   EXPECT_NE(thrown_message<CheckpointError>([&] { load_checkpoint(run.path(), layout); }).find("no complete checkpoint"),
             std::string::npos);
   auto data = full_checkpoint(layout, 1);
+  const auto dir = save_checkpoint(run.path(), layout, data, 1);
+  pope::testing::write_bytes(dir / "trainer.json", {'{', '"'});
+  EXPECT_NE(thrown_message<CheckpointError>([&] { load_checkpoint(dir, layout); }).find("trainer.json"),
+            std::string::npos);
   EXPECT_THROW(save_checkpoint(run.path(), layout, data, 0), CheckpointError);
   data.adam_v.pop_back();
   EXPECT_THROW(save_checkpoint(run.path(), layout, data, 1), CheckpointError);
@@ -393,6 +397,8 @@ TEST(TrainerState, JsonRoundTripAndFieldErrors) {
   json = state.to_json();
   json["step"] = -1;
   EXPECT_THROW(TrainerState::from_json(json, "t.json"), CheckpointError);
+  json["step"] = 12;  // a signed integer, as JSON built in code holds it
+  EXPECT_EQ(TrainerState::from_json(json, "t.json").step, 12);
 }
 
 TEST(WriteFileAtomic, ReplacesContentsAndReportsFailures) {
