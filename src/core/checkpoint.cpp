@@ -46,7 +46,7 @@ struct StepDir {
   fs::path path;
 };
 
-// Completed step directories under `checkpoints`, newest first.
+// Directories named step_<digits> under `checkpoints` (complete or not), newest first.
 std::vector<StepDir> step_dirs(const fs::path& checkpoints) {
   std::vector<StepDir> dirs;
   std::error_code ec;
