@@ -46,7 +46,7 @@ struct StepDir {
   fs::path path;
 };
 
-// Completed step directories under `checkpoints`, newest first.
+// Directories named step_<digits> under `checkpoints` (complete or not), newest first.
 std::vector<StepDir> step_dirs(const fs::path& checkpoints) {
   std::vector<StepDir> dirs;
   std::error_code ec;
@@ -201,6 +201,17 @@ const nlohmann::json& field(const nlohmann::json& json, const std::string& key, 
   return json[key];
 }
 
+// A non-negative integer no larger than `max`; JSON parsed from text holds such numbers as
+// unsigned, JSON built in code may hold them as signed.
+std::uint64_t non_negative_integer(const nlohmann::json& json, const std::string& key, const std::string& source,
+                                   std::uint64_t max) {
+  const auto& value = field(json, key, source);
+  const bool in_range = value.is_number_unsigned() || (value.is_number_integer() && value.get<std::int64_t>() >= 0);
+  if (!in_range || value.get<std::uint64_t>() > max)
+    bad_field(source, key, value, fmt::format("an integer in [0, {}]", max));
+  return value.get<std::uint64_t>();
+}
+
 // The RNG words are written as decimal strings: JSON readers that hold numbers as
 // doubles (Python's is fine, JavaScript's is not) would round 64-bit values.
 std::uint64_t parse_rng_word(const nlohmann::json& value, const std::string& source) {
@@ -234,13 +245,9 @@ TrainerState TrainerState::from_json(const nlohmann::json& json, const std::stri
   if (!json.is_object()) throw CheckpointError(fmt::format("{}: expected a JSON object", source));
   TrainerState state;
 
-  const auto& step = field(json, "step", source);
-  if (!step.is_number_integer() || step.get<std::int64_t>() < 0) bad_field(source, "step", step, "a non-negative integer");
-  state.step = step.get<long>();
-
-  const auto& samples = field(json, "samples_consumed", source);
-  if (!samples.is_number_unsigned()) bad_field(source, "samples_consumed", samples, "a non-negative integer");
-  state.samples_consumed = samples.get<std::uint64_t>();
+  state.step = static_cast<long>(non_negative_integer(json, "step", source, std::numeric_limits<long>::max()));
+  state.samples_consumed =
+      non_negative_integer(json, "samples_consumed", source, std::numeric_limits<std::uint64_t>::max());
 
   const auto& rng = field(json, "rng", source);
   if (!rng.is_array() || rng.size() != state.rng.size()) bad_field(source, "rng", rng, "an array of four words");
@@ -250,11 +257,8 @@ TrainerState TrainerState::from_json(const nlohmann::json& json, const std::stri
   if (!hash.is_string()) bad_field(source, "config_hash", hash, "a string");
   state.config_hash = hash.get<std::string>();
 
-  const auto& nonfinite = field(json, "consecutive_nonfinite", source);
-  if (!nonfinite.is_number_integer() || nonfinite.get<std::int64_t>() < 0 ||
-      nonfinite.get<std::int64_t>() > std::numeric_limits<int>::max())
-    bad_field(source, "consecutive_nonfinite", nonfinite, "a non-negative integer");
-  state.consecutive_nonfinite = nonfinite.get<int>();
+  state.consecutive_nonfinite = static_cast<int>(
+      non_negative_integer(json, "consecutive_nonfinite", source, std::numeric_limits<int>::max()));
 
   const auto& loss = field(json, "last_val_loss", source);
   if (!loss.is_number() && !loss.is_null()) bad_field(source, "last_val_loss", loss, "a number or null");
