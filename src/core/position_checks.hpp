@@ -16,10 +16,9 @@ namespace pope {
 
 inline void check_context(const std::string& where, const PositionContext& ctx) {
   if (ctx.head_dim <= 0 || ctx.n_head <= 0 || ctx.seq_len < 0 || ctx.position_offset < 0)
-    throw std::invalid_argument(where + ": invalid context (head_dim " + std::to_string(ctx.head_dim) +
-                                ", n_head " + std::to_string(ctx.n_head) + ", seq_len " +
-                                std::to_string(ctx.seq_len) + ", position_offset " +
-                                std::to_string(ctx.position_offset) +
+    throw std::invalid_argument(where + ": invalid context (head_dim " + std::to_string(ctx.head_dim) + ", n_head " +
+                                std::to_string(ctx.n_head) + ", seq_len " + std::to_string(ctx.seq_len) +
+                                ", position_offset " + std::to_string(ctx.position_offset) +
                                 "); expected head_dim > 0, n_head > 0, seq_len >= 0, position_offset >= 0");
 }
 
@@ -36,7 +35,8 @@ void check_params(const std::string& where, std::span<Pointer const> params, std
     throw std::invalid_argument(where + ": got " + std::to_string(params.size()) + " parameter pointers, expected " +
                                 std::to_string(expected));
   for (std::size_t i = 0; i < params.size(); ++i)
-    if (params[i] == nullptr) throw std::invalid_argument(where + ": parameter pointer " + std::to_string(i) + " is null");
+    if (params[i] == nullptr)
+      throw std::invalid_argument(where + ": parameter pointer " + std::to_string(i) + " is null");
 }
 
 inline void check_pointer(const std::string& where, const void* pointer, const char* name) {
@@ -45,8 +45,8 @@ inline void check_pointer(const std::string& where, const void* pointer, const c
 
 inline void check_stride(const std::string& where, std::int64_t stride, int head_dim, const char* name) {
   if (stride < head_dim)
-    throw std::invalid_argument(where + ": " + name + " " + std::to_string(stride) +
-                                " is shorter than head_dim " + std::to_string(head_dim));
+    throw std::invalid_argument(where + ": " + name + " " + std::to_string(stride) + " is shorter than head_dim " +
+                                std::to_string(head_dim));
 }
 
 // Everything a q/k transform forward needs: context, head, x/y and the parameter count.

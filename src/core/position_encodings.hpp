@@ -5,6 +5,7 @@
 // explicitly instantiated (float, double) in position_<kind>.cpp.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,10 @@ class RopeEncoding final : public PositionEncodingImpl<RopeEncoding> {
   // θ'_m used for this call (depends on ctx for dynamic NTK).
   std::vector<double> frequencies(const PositionContext& ctx) const;
 
-  template <class Real> void transform(const QkTransformArgs<Real>& args) const;
-  template <class Real> void transform_backward(const QkTransformBackwardArgs<Real>& args) const;
+  template <class Real>
+  void transform(const QkTransformArgs<Real>& args) const;
+  template <class Real>
+  void transform_backward(const QkTransformBackwardArgs<Real>& args) const;
 
  private:
   RopeConfig config_;
@@ -66,10 +69,11 @@ class PopeEncoding final : public PositionEncodingImpl<PopeEncoding> {
 
   // ω_c, c = 0..head_dim−1.
   std::vector<double> frequencies(int head_dim) const;
-  PopeMagnitude magnitude() const { return magnitude_; }
 
-  template <class Real> void transform(const QkTransformArgs<Real>& args) const;
-  template <class Real> void transform_backward(const QkTransformBackwardArgs<Real>& args) const;
+  template <class Real>
+  void transform(const QkTransformArgs<Real>& args) const;
+  template <class Real>
+  void transform_backward(const QkTransformBackwardArgs<Real>& args) const;
 
  private:
   std::size_t param_count() const { return config_.learn_delta ? 1 : 0; }
@@ -91,7 +95,8 @@ class AlibiEncoding final : public PositionEncodingImpl<AlibiEncoding> {
   // m_h for h = 0..n_head−1, head_fraction applied.
   std::vector<double> head_slopes(int n_head) const;
 
-  template <class Real> void bias(const PositionContext& ctx, int head, ParamValues<Real> params, Real* table) const;
+  template <class Real>
+  void bias(const PositionContext& ctx, int head, ParamValues<Real> params, Real* table) const;
   template <class Real>
   void bias_backward(const PositionContext& ctx, int head, ParamValues<Real> params, const Real* diag_grad,
                      ParamGrads<Real> dparams) const;

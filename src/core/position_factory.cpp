@@ -1,5 +1,6 @@
 // make_position_encoding: the one place that maps model.position.kind to an encoding.
 #include <memory>
+#include <string>
 
 #include "position_encodings.hpp"
 #include "rope_frequencies.hpp"
@@ -12,6 +13,8 @@ std::unique_ptr<PositionEncoding> make_position_encoding(const ModelConfig& conf
   if (position.kind == "rope") {
     // The rotating width depends on head_dim, which only the model config knows: check it
     // now rather than on the first forward pass.
+    if (config.n_head <= 0)
+      throw ConfigError("model.n_head", "expected a positive head count, got " + std::to_string(config.n_head));
     rope_rotary_dim(position.rope.fraction, config.head_dim());
     return std::make_unique<RopeEncoding>(position.rope);
   }

@@ -34,15 +34,18 @@ struct Rotation {
 
 inline Rotation rotation_by(double angle) { return {std::cos(angle), std::sin(angle)}; }
 
-// (a, b) rotated by +angle: (a cos − b sin, a sin + b cos).
-template <class Real> void rotate_pair(Real a, Real b, Rotation r, Real& out_a, Real& out_b) {
+// (a, b) rotated by +angle: (a cos − b sin, a sin + b cos). Inputs are taken in double so
+// callers may rotate values they computed in double (e.g. PJ-rotary's sheared pairs).
+template <class Real>
+void rotate_pair(double a, double b, Rotation r, Real& out_a, Real& out_b) {
   out_a = static_cast<Real>(a * r.cos - b * r.sin);
   out_b = static_cast<Real>(a * r.sin + b * r.cos);
 }
 
 // Backward of rotate_pair: the gradient (ga, gb) of the rotated pair, rotated back by −angle,
 // ACCUMULATED into (da, db).
-template <class Real> void accumulate_unrotated(Real ga, Real gb, Rotation r, Real& da, Real& db) {
+template <class Real>
+void accumulate_unrotated(double ga, double gb, Rotation r, Real& da, Real& db) {
   da += static_cast<Real>(ga * r.cos + gb * r.sin);
   db += static_cast<Real>(-ga * r.sin + gb * r.cos);
 }

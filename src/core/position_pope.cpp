@@ -28,9 +28,12 @@ PopeMagnitude parse_magnitude(const std::string& name) {
 
 double magnitude_of(PopeMagnitude kind, double x) {
   switch (kind) {
-    case PopeMagnitude::softplus: return x > kSoftplusLinearFrom ? x : std::log1p(std::exp(x));
-    case PopeMagnitude::identity: return x;
-    case PopeMagnitude::relu: return x > 0.0 ? x : 0.0;
+    case PopeMagnitude::softplus:
+      return x > kSoftplusLinearFrom ? x : std::log1p(std::exp(x));
+    case PopeMagnitude::identity:
+      return x;
+    case PopeMagnitude::relu:
+      return x > 0.0 ? x : 0.0;
   }
   return x;
 }
@@ -38,9 +41,12 @@ double magnitude_of(PopeMagnitude kind, double x) {
 // d magnitude / dx of exactly the function magnitude_of computes.
 double magnitude_derivative(PopeMagnitude kind, double x) {
   switch (kind) {
-    case PopeMagnitude::softplus: return x > kSoftplusLinearFrom ? 1.0 : 1.0 / (1.0 + std::exp(-x));
-    case PopeMagnitude::identity: return 1.0;
-    case PopeMagnitude::relu: return x > 0.0 ? 1.0 : 0.0;
+    case PopeMagnitude::softplus:
+      return x > kSoftplusLinearFrom ? 1.0 : 1.0 / (1.0 + std::exp(-x));
+    case PopeMagnitude::identity:
+      return 1.0;
+    case PopeMagnitude::relu:
+      return x > 0.0 ? 1.0 : 0.0;
   }
   return 1.0;
 }
@@ -49,13 +55,15 @@ bool delta_in_range(double delta) { return delta >= -kTwoPi && delta <= 0.0; }
 double clamped_delta(double delta) { return std::clamp(delta, -kTwoPi, 0.0); }
 
 // This head's δ row when it applies (keys with a learned δ), else null: δ is on keys only.
-template <class Real> const Real* key_delta_row(bool is_key, int head, int head_dim, ParamValues<Real> params) {
+template <class Real>
+const Real* key_delta_row(bool is_key, int head, int head_dim, ParamValues<Real> params) {
   if (!is_key || params.empty()) return nullptr;
   return params[0] + static_cast<std::int64_t>(head) * head_dim;
 }
 
 // cos/sin of channel c's phase at position p: p·ω_c, plus the clamped δ_c on keys.
-template <class Real> Rotation channel_rotation(double p, double omega, const Real* delta, int c) {
+template <class Real>
+Rotation channel_rotation(double p, double omega, const Real* delta, int c) {
   return rotation_by(p * omega + (delta ? clamped_delta(delta[c]) : 0.0));
 }
 
@@ -93,7 +101,8 @@ std::vector<double> PopeEncoding::frequencies(int head_dim) const {
   return geometric_frequencies(config_.base, head_dim, 1.0 / head_dim);
 }
 
-template <class Real> void PopeEncoding::transform(const QkTransformArgs<Real>& a) const {
+template <class Real>
+void PopeEncoding::transform(const QkTransformArgs<Real>& a) const {
   check_transform_args("pope transform", a, param_count());
   const PositionContext& ctx = *a.ctx;
   const int d = ctx.head_dim;
@@ -112,7 +121,8 @@ template <class Real> void PopeEncoding::transform(const QkTransformArgs<Real>& 
   }
 }
 
-template <class Real> void PopeEncoding::transform_backward(const QkTransformBackwardArgs<Real>& a) const {
+template <class Real>
+void PopeEncoding::transform_backward(const QkTransformBackwardArgs<Real>& a) const {
   check_transform_backward_args("pope transform backward", a, param_count());
   const PositionContext& ctx = *a.ctx;
   const int d = ctx.head_dim;

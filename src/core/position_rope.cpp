@@ -22,7 +22,8 @@ std::vector<double> RopeEncoding::frequencies(const PositionContext& ctx) const 
   return rope_frequencies(config_, rotary_dim, ctx.train_length, ctx.position_offset + ctx.seq_len);
 }
 
-template <class Real> void RopeEncoding::transform(const QkTransformArgs<Real>& a) const {
+template <class Real>
+void RopeEncoding::transform(const QkTransformArgs<Real>& a) const {
   check_transform_args("rope transform", a, 0);
   const PositionContext& ctx = *a.ctx;
   const int d = ctx.head_dim;
@@ -32,13 +33,13 @@ template <class Real> void RopeEncoding::transform(const QkTransformArgs<Real>& 
     const Real* x = a.x + row * a.x_stride;
     Real* y = a.y + static_cast<std::int64_t>(row) * d;
     const double p = absolute_position(ctx, row);
-    for (int m = 0; m < half; ++m)
-      rotate_pair(x[m], x[m + half], rotation_by(p * theta[m]), y[m], y[m + half]);
+    for (int m = 0; m < half; ++m) rotate_pair(x[m], x[m + half], rotation_by(p * theta[m]), y[m], y[m + half]);
     for (int c = 2 * half; c < d; ++c) y[c] = x[c];
   }
 }
 
-template <class Real> void RopeEncoding::transform_backward(const QkTransformBackwardArgs<Real>& a) const {
+template <class Real>
+void RopeEncoding::transform_backward(const QkTransformBackwardArgs<Real>& a) const {
   check_transform_backward_args("rope transform backward", a, 0);
   const PositionContext& ctx = *a.ctx;
   const int d = ctx.head_dim;

@@ -21,9 +21,9 @@ bool uses_fixed_factor(const std::string& kind) { return kind == "pi" || kind ==
 
 void require_train_length(int train_length, const std::string& kind) {
   if (train_length <= 0)
-    throw ConfigError("model.context_length", "RoPE scaling '" + kind +
-                                                  "' needs the training length L_train > 0, got " +
-                                                  std::to_string(train_length));
+    throw ConfigError(
+        "model.context_length",
+        "RoPE scaling '" + kind + "' needs the training length L_train > 0, got " + std::to_string(train_length));
 }
 
 }  // namespace
@@ -43,9 +43,9 @@ void validate_rope_config(const RopeConfig& config) {
                       "expected a context-extension factor >= 1, got " + std::to_string(scaling.factor));
   if (scaling.kind == "yarn") {
     if (!(scaling.yarn_beta > scaling.yarn_alpha))
-      throw ConfigError("model.position.rope.scaling.yarn_beta",
-                        "expected yarn_beta > yarn_alpha, got alpha " + std::to_string(scaling.yarn_alpha) +
-                            " and beta " + std::to_string(scaling.yarn_beta));
+      throw ConfigError("model.position.rope.scaling.yarn_beta", "expected yarn_beta > yarn_alpha, got alpha " +
+                                                                     std::to_string(scaling.yarn_alpha) + " and beta " +
+                                                                     std::to_string(scaling.yarn_beta));
     if (scaling.yarn_temperature < 0.0)
       throw ConfigError("model.position.rope.scaling.yarn_temperature",
                         "expected 0 (default 0.1·ln s + 1) or a positive q/k multiplier, got " +
@@ -57,9 +57,9 @@ int rope_rotary_dim(double fraction, int head_dim) {
   const double exact = fraction * head_dim;
   const int rotary_dim = static_cast<int>(std::lround(exact));
   if (std::abs(exact - rotary_dim) > 1e-9 || rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
-    throw ConfigError("model.position.rope.fraction",
-                      "fraction " + std::to_string(fraction) + " of head_dim " + std::to_string(head_dim) +
-                          " must give a positive even number of rotating channels");
+    throw ConfigError("model.position.rope.fraction", "fraction " + std::to_string(fraction) + " of head_dim " +
+                                                          std::to_string(head_dim) +
+                                                          " must give a positive even number of rotating channels");
   return rotary_dim;
 }
 

@@ -33,12 +33,14 @@ inline std::vector<double> random_values(std::size_t count, double low, double h
 }
 
 // Pointers to each parameter buffer, in layer_parameters() order.
-template <class Real> std::vector<const Real*> value_pointers(const std::vector<std::vector<Real>>& params) {
+template <class Real>
+std::vector<const Real*> value_pointers(const std::vector<std::vector<Real>>& params) {
   std::vector<const Real*> pointers;
   for (const auto& p : params) pointers.push_back(p.data());
   return pointers;
 }
-template <class Real> std::vector<Real*> gradient_pointers(std::vector<std::vector<Real>>& grads) {
+template <class Real>
+std::vector<Real*> gradient_pointers(std::vector<std::vector<Real>>& grads) {
   std::vector<Real*> pointers;
   for (auto& g : grads) pointers.push_back(g.data());
   return pointers;
@@ -89,8 +91,8 @@ inline double transformed_score(const PositionEncoding& encoding, const Position
 
 // Backward of the transform for dy, accumulated into the given dx (rows of x_stride) and
 // parameter gradients.
-inline void transform_backward_rows(const PositionEncoding& encoding, const PositionContext& ctx, int head,
-                                    bool is_key, const std::vector<double>& x, std::int64_t x_stride,
+inline void transform_backward_rows(const PositionEncoding& encoding, const PositionContext& ctx, int head, bool is_key,
+                                    const std::vector<double>& x, std::int64_t x_stride,
                                     const std::vector<std::vector<double>>& params, const std::vector<double>& dy,
                                     std::vector<double>& dx, std::vector<std::vector<double>>& dparams) {
   const std::vector<const double*> param_pointers = value_pointers(params);

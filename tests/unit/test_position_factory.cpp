@@ -31,7 +31,8 @@ ModelConfig model_with(const std::string& kind) {
 }  // namespace
 
 TEST(PositionFactory, BuildsEachKind) {
-  for (const char* kind : {"nope", "rope", "pope", "alibi"}) EXPECT_EQ(make_position_encoding(model_with(kind))->kind(), kind);
+  for (const char* kind : {"nope", "rope", "pope", "alibi"})
+    EXPECT_EQ(make_position_encoding(model_with(kind))->kind(), kind);
 }
 
 TEST(PositionFactory, PassesTheOptionsThrough) {

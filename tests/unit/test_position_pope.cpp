@@ -173,7 +173,8 @@ TEST(Pope, MagnitudeAblations) {
 
 TEST(Pope, SoftplusIsLinearForLargeInputs) {
   const PopeEncoding pope(pope_config("softplus", false));
-  const std::vector<double> y = transform_at(pope, make_context(1, 2, 1), 0, 0, false, std::vector<double>{25.0, 800.0});
+  const std::vector<double> y =
+      transform_at(pope, make_context(1, 2, 1), 0, 0, false, std::vector<double>{25.0, 800.0});
   EXPECT_EQ(y[0], 25.0);
   EXPECT_EQ(y[1], 800.0);  // no overflow of e^x
 }
@@ -219,7 +220,7 @@ TEST(Pope, FrequenciesRunFromOneDownToAbout1e4) {
   const std::vector<double> omega = PopeEncoding(pope_config()).frequencies(64);
   ASSERT_EQ(omega.size(), 64u);
   EXPECT_DOUBLE_EQ(omega[0], 1.0);
-  EXPECT_NEAR(omega[1], 0.8659643233600653, 1e-15);    // 10000^(−1/64)
+  EXPECT_NEAR(omega[1], 0.8659643233600653, 1e-15);      // 10000^(−1/64)
   EXPECT_NEAR(omega[63], 1.1547819846894582e-4, 1e-18);  // 10000^(−63/64)
 }
 
@@ -230,7 +231,8 @@ TEST(Pope, FloatPhasesStayAccurateAtLongPositions) {
   const std::vector<double> x = random_values(rows * d, -2, 2, 16);
   const std::vector<double> delta = random_values(d, -kTwoPi, 0, 17);
   const std::vector<float> x_float(x.begin(), x.end()), delta_float(delta.begin(), delta.end());
-  const std::vector<double> x_rounded(x_float.begin(), x_float.end()), delta_rounded(delta_float.begin(), delta_float.end());
+  const std::vector<double> x_rounded(x_float.begin(), x_float.end()),
+      delta_rounded(delta_float.begin(), delta_float.end());
   const std::vector<double> exact = transform_rows(pope, ctx, 0, true, x_rounded, d, {delta_rounded});
   const std::vector<float> approx = transform_rows(pope, ctx, 0, true, x_float, d, {delta_float});
   double worst = 0.0;

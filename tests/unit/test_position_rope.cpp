@@ -66,6 +66,22 @@ TEST(Rope, PreservesNorms) {
     EXPECT_NEAR(norm(transform_at(rope, make_context(1, 64), p, 1, true, x)), norm(x), 1e-12) << "p = " << p;
 }
 
+TEST(Rope, FloatRotationStaysAccurateAtLongPositions) {
+  const RopeEncoding rope(rope_config());
+  const int d = 64, rows = 4;
+  const PositionContext ctx = make_context(rows, d, 1, 16000);
+  const std::vector<double> x = random_values(rows * d, -2, 2, 21);
+  const std::vector<float> x_float(x.begin(), x.end());
+  const std::vector<double> x_rounded(x_float.begin(), x_float.end());
+  const std::vector<double> exact = transform_rows(rope, ctx, 0, false, x_rounded, d);
+  const std::vector<float> approx = transform_rows(rope, ctx, 0, false, x_float, d);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < exact.size(); ++i) worst = std::max(worst, std::abs(exact[i] - approx[i]));
+  // Only the output's float rounding (~2.4e−7 at |y| ≤ 2√2) remains; a float angle at
+  // 16000 rad would be off by up to ~1e−3.
+  EXPECT_LT(worst, 1e-6);
+}
+
 TEST(Rope, PartialRotationLeavesTheOtherChannelsUntouched) {
   const RopeEncoding rope(rope_config("none", 1.0, 0.5));
   const PositionContext ctx = make_context(1, 64);
