@@ -83,7 +83,7 @@ class RandomWindowSampler {
 };
 
 // Validation windows in order: window w covers tokens [w·T, w·T + T + 1) of the stream
-// (within one file); next() returns false after the last full window.
+// (within one file).
 class SequentialWindowSampler {
  public:
   SequentialWindowSampler(const TokenDataset& dataset, int seq_len);

@@ -18,9 +18,11 @@ namespace pope {
 
 // Parameter names and shapes of a model (also used without allocating, e.g. to count).
 ParameterLayout build_parameter_layout(const ModelConfig& config, const PositionEncoding& position);
-// Trainable parameters as the paper counts them: every layout entry, without the padded
-// vocabulary rows of the tied embedding.
+// Trainable parameters: every layout entry, without the padded vocabulary rows of the tied
+// embedding. count_matrix_parameters counts the 2-D weight matrices only (no norm gains or
+// positional parameters): the paper's 123.5M / 252.8M / 772.1M are these counts.
 std::int64_t count_parameters(const ModelConfig& config, const ParameterLayout& layout);
+std::int64_t count_matrix_parameters(const ModelConfig& config, const ParameterLayout& layout);
 
 struct LossSum {
   double sum = 0.0;    // Σ per-token NLL over unmasked targets

@@ -43,10 +43,21 @@ ParameterLayout build_parameter_layout(const ModelConfig& c, const PositionEncod
   return layout;
 }
 
-std::int64_t count_parameters(const ModelConfig& config, const ParameterLayout& layout) {
+namespace {
+std::int64_t count_without_padding(const ModelConfig& config, const ParameterLayout& layout, bool matrices_only) {
   std::int64_t n = 0;
-  for (const auto& spec : layout.specs()) n += shape_numel(spec.shape);
+  for (const auto& spec : layout.specs())
+    if (!matrices_only || (spec.shape.size() == 2 && spec.weight_decay)) n += shape_numel(spec.shape);
   return n - std::int64_t(config.padded_vocab_size - config.vocab_size) * config.n_embd;
+}
+}  // namespace
+
+std::int64_t count_parameters(const ModelConfig& config, const ParameterLayout& layout) {
+  return count_without_padding(config, layout, false);
+}
+
+std::int64_t count_matrix_parameters(const ModelConfig& config, const ParameterLayout& layout) {
+  return count_without_padding(config, layout, true);
 }
 
 // Everything the backward pass needs from the forward, per layer, for one B × T.

@@ -101,6 +101,10 @@ void Trainer::restore(const std::filesystem::path& checkpoint) {
     throw ConfigError("--resume", fmt::format("checkpoint {} was written with a different config (hash {} vs {}); "
                                               "resuming needs the same model, data and optimizer settings",
                                               checkpoint.string(), data.state.config_hash, state_.config_hash));
+  if (data.adam_m.empty())
+    throw CheckpointError(fmt::format("{} holds weights only (no optimizer.safetensors), so the run cannot be "
+                                      "continued exactly",
+                                      checkpoint.string()));
   model_->parameters_from_host(data.params);
   optimizer_->moments_from_host(data.adam_m, data.adam_v);
   state_ = data.state;

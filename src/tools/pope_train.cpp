@@ -29,9 +29,10 @@ int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_d
   std::cout << pope::config_to_json(config).dump(2) << "\n";
   std::printf("model: %d layers, %d heads, n_embd %d, context %d, position %s\n", m.n_layer, m.n_head, m.n_embd,
               m.context_length, m.position.kind.c_str());
-  std::printf("parameters: %lld (%.1fM; padded vocabulary rows excluded)\n",
-              static_cast<long long>(pope::count_parameters(m, layout)),
-              double(pope::count_parameters(m, layout)) / 1e6);
+  const auto total = pope::count_parameters(m, layout), matrices = pope::count_matrix_parameters(m, layout);
+  std::printf("parameters: %lld (%.2fM), of which %.1fM in weight matrices (the paper's count); padded "
+              "vocabulary rows excluded\n",
+              static_cast<long long>(total), double(total) / 1e6, double(matrices) / 1e6);
   std::printf("batch: %d sequences × %d tokens = %d tokens/step, micro-batch %d, accumulation %d\n",
               config.train.batch_size, config.train.seq_len, config.train.batch_size * config.train.seq_len,
               config.train.micro_batch_size, config.grad_accumulation(1));

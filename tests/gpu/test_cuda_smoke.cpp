@@ -10,18 +10,20 @@
 
 namespace {
 
-void require_gpu() {
-  if (pope::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
-}
+// Skipping in SetUp skips the whole test body.
+class CudaSmoke : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (pope::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  }
+};
 
-TEST(CudaSmoke, DeviceIsDescribed) {
-  require_gpu();
+TEST_F(CudaSmoke, DeviceIsDescribed) {
   const std::string summary = pope::cuda_device_summary(0);
   EXPECT_NE(summary.find("sm_"), std::string::npos) << summary;
 }
 
-TEST(CudaSmoke, FillKernelWritesEveryElement) {
-  require_gpu();
+TEST_F(CudaSmoke, FillKernelWritesEveryElement) {
   const std::size_t n = (1u << 20) + 37;  // not a multiple of the block size
   float* device = nullptr;
   ASSERT_EQ(cudaMalloc(&device, n * sizeof(float)), cudaSuccess);

@@ -1,6 +1,5 @@
-// Minimal helpers for the CPU backend tests: host tensors over std::vector, random
-// inputs, and central finite differences. (A generic tests/unit/gradient_check.hpp is
-// being written separately; these two are to be unified.)
+// Helpers for the CPU backend tests: host tensors over std::vector, random inputs, and an
+// element-wise gradient comparison (finite differences come from gradient_check.hpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gradient_check.hpp"
 #include "pope/tensor.hpp"
 
 namespace pope::test {
@@ -29,21 +29,7 @@ inline std::vector<double> random_values(std::size_t count, std::uint64_t seed, 
   return values;
 }
 
-// dloss/dx_i by central differences, perturbing `x` in place (restored afterwards).
-inline std::vector<double> numerical_gradient(std::vector<double>& x, const std::function<double()>& loss,
-                                              double step = 1e-6) {
-  std::vector<double> gradient(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + step;
-    const double plus = loss();
-    x[i] = saved - step;
-    const double minus = loss();
-    x[i] = saved;
-    gradient[i] = (plus - minus) / (2 * step);
-  }
-  return gradient;
-}
+using pope::testing::numerical_gradient;
 
 // |analytic − numeric| ≤ tolerance · max(1, |numeric|) element by element, naming the
 // first offending index. Also requires the gradient not to be identically zero, so a

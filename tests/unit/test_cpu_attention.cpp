@@ -246,7 +246,7 @@ TEST(CpuAttention, ForwardMatchesDenseReferenceForOddLengths) {
   for (const Variant& variant : kVariants) {
     const ToyEncoding encoding(variant.transform, variant.bias);
     for (int T : {1, 7, 33}) {
-      SCOPED_TRACE(testing::Message() << variant.name << ", T = " << T);
+      SCOPED_TRACE(::testing::Message() << variant.name << ", T = " << T);
       AttentionCase<double> c(encoding, 2, T, 3, 4, 100 + T);
       c.forward(*backend, encoding);
       std::vector<double> out, lse;
@@ -262,7 +262,7 @@ TEST(CpuAttention, BackwardMatchesFiniteDifferences) {
   for (const Variant& variant : kVariants) {
     const ToyEncoding encoding(variant.transform, variant.bias);
     for (int T : {1, 7}) {
-      SCOPED_TRACE(testing::Message() << variant.name << ", T = " << T);
+      SCOPED_TRACE(::testing::Message() << variant.name << ", T = " << T);
       AttentionCase<double> c(encoding, 2, T, 2, 3, 200 + T);
       c.forward(*backend, encoding);
       const std::vector<std::vector<double>> grads_before = c.grads;

@@ -182,7 +182,7 @@ TEST(CpuBackend, MatmulAllTransposesForwardAndBackward) {
   const int M = 3, K = 4, N = 5;
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "transpose_a " << ta << ", transpose_b " << tb);
+      SCOPED_TRACE(::testing::Message() << "transpose_a " << ta << ", transpose_b " << tb);
       const Shape a_shape = ta ? Shape{K, M} : Shape{M, K}, b_shape = tb ? Shape{N, K} : Shape{K, N};
       std::vector<double> a = random_values(M * K, 10), b = random_values(K * N, 11);
       auto op_a = [&](int i, int k) { return ta ? a[k * M + i] : a[i * K + k]; };
@@ -228,7 +228,7 @@ TEST(CpuBackend, MatmulSpanningSeveralRowBlocks) {
   auto backend = make_cpu_backend("double", 2);
   const int M = 150, K = 5, N = 7;
   for (bool ta : {false, true}) {
-    SCOPED_TRACE(testing::Message() << "transpose_a " << ta);
+    SCOPED_TRACE(::testing::Message() << "transpose_a " << ta);
     std::vector<double> a = random_values(M * K, 17), b = random_values(K * N, 18), out(M * N);
     backend->matmul(host_tensor(out, {M, N}), host_tensor(a, ta ? Shape{K, M} : Shape{M, K}), host_tensor(b, {K, N}), ta,
                     false);

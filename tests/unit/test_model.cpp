@@ -46,15 +46,19 @@ std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab) {
 }  // namespace
 
 TEST(ModelLayout, PaperParameterCounts) {
-  // paper-setups.md: 123.5M, 252.8M, 772.1M with tied embeddings, vocabulary 50257.
+  // paper-setups.md: 123.5M, 252.8M, 772.1M with tied embeddings, vocabulary 50257 — the
+  // weight matrices; the norm gains (2·n_layer + 1)·C and PoPE's δ come on top.
   const struct { int C, H, L; double millions; } cases[] = {{768, 12, 12, 123.5}, {1024, 16, 16, 252.8},
                                                             {1280, 20, 36, 772.1}};
   for (const auto& k : cases) {
     for (const std::string kind : {"rope", "pope"}) {
       const ModelConfig c = paper_model(k.C, k.H, k.L, kind);
-      const auto position = make_position_encoding(c);
-      const double m = double(count_parameters(c, build_parameter_layout(c, *position))) / 1e6;
-      EXPECT_NEAR(m, k.millions, 0.05) << kind << " n_embd " << k.C;
+      const auto layout = build_parameter_layout(c, *make_position_encoding(c));
+      const std::int64_t matrices = count_matrix_parameters(c, layout);
+      EXPECT_EQ(matrices, 50257LL * k.C + 12LL * k.L * k.C * k.C);
+      EXPECT_NEAR(double(matrices) / 1e6, k.millions, 0.05) << kind << " n_embd " << k.C;
+      const std::int64_t delta = kind == "pope" ? std::int64_t(k.L) * k.H * (k.C / k.H) : 0;
+      EXPECT_EQ(count_parameters(c, layout), matrices + std::int64_t(2 * k.L + 1) * k.C + delta);
     }
   }
 }
@@ -134,7 +138,7 @@ TEST_P(ModelGradient, MatchesFiniteDifferencesInDouble) {
     for (std::size_t k = 0; k < picks.size(); ++k) params[picks[k]] = values[k];
     return model.forward(tokens.data(), targets.data(), B, T).sum;
   };
-  EXPECT_LT(testing::max_relative_gradient_error(total_loss, values, analytic), 1e-6);
+  EXPECT_LT(pope::testing::max_relative_gradient_error(total_loss, values, analytic), 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, ModelGradient, ::testing::Values("nope", "rope", "pope", "alibi"),

@@ -10,14 +10,6 @@
 using namespace pope;
 using namespace pope::testing;
 
-// ConfigError's constructor lives in src/core/config.cpp, which another branch (wip/config)
-// adds. Until it is merged this weak stand-in lets the test binary link; the real
-// definition overrides it. Delete this block once config.cpp is on main.
-namespace pope {
-[[gnu::weak]] ConfigError::ConfigError(std::string path, const std::string& message)
-    : std::runtime_error(path + ": " + message), path_(std::move(path)) {}
-}  // namespace pope
-
 namespace {
 
 ModelConfig model_with(const std::string& kind) {

@@ -10,8 +10,8 @@
 #include "trainer_fixture.hpp"
 
 using namespace pope;
-using testing::fresh_dir;
-using testing::tiny_run_config;
+using pope::testing::fresh_dir;
+using pope::testing::tiny_run_config;
 
 namespace {
 
