@@ -1,0 +1,34 @@
+// Causal attention on the GPU for every encoding: the host entry points that CudaBackend
+// calls; device code lives in kernels/attention/.
+//
+// Dtypes (BackendDTypes of the CUDA backend): qkv, out, dout, dqkv are bf16 [N, 3C] / [N, C];
+// lse is f32 [B, H, T]; position parameters and their gradients are f32 (master weights).
+// All encoding math (rotations, PoPE magnitudes and phases, bias tables) is done in fp32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "pope/backend.hpp"
+
+namespace pope::cuda {
+
+class AttentionRunner {
+ public:
+  AttentionRunner();
+  ~AttentionRunner();
+  AttentionRunner(const AttentionRunner&) = delete;
+  AttentionRunner& operator=(const AttentionRunner&) = delete;
+
+  // Scratch memory grows on first use of a larger shape and is then reused, so repeated
+  // steps of one shape allocate nothing.
+  void forward(const AttentionForward& args, cudaStream_t stream);
+  void backward(const AttentionBackward& args, cudaStream_t stream);
+
+ private:
+  struct Scratch;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace pope::cuda
