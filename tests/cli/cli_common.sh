@@ -1,0 +1,39 @@
+# Helpers sourced by the CLI tests: binaries from the build tree, a scratch directory,
+# assertions that print what went wrong.
+set -euo pipefail
+
+POPE_BIN="${POPE_BIN:?POPE_BIN must point at the src directory of the build}"
+POPE_SOURCE_DIR="${POPE_SOURCE_DIR:?POPE_SOURCE_DIR must point at the source tree}"
+SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/pope_cli.XXXXXX")"
+trap 'rm -rf "$SCRATCH"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_exit CODE CMD…: runs CMD, captures stdout+stderr in $SCRATCH/out, checks the exit code.
+expect_exit() {
+  local want=$1; shift
+  set +e
+  "$@" >"$SCRATCH/out" 2>&1
+  local got=$?
+  set -e
+  [ "$got" -eq "$want" ] || { cat "$SCRATCH/out" >&2; fail "'$*' exited $got, expected $want"; }
+}
+
+expect_output() {
+  grep -q -- "$1" "$SCRATCH/out" || { cat "$SCRATCH/out" >&2; fail "output lacks '$1'"; }
+}
+
+# A learnable synthetic token stream (nanoGPT uint16 format): t → (5t + 3) mod V with 10% noise.
+make_tokens() {  # FILE COUNT SEED
+  python3 - "$1" "$2" "$3" <<'PY'
+import array, random, sys
+path, count, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+t, out = 1, array.array("H")
+for _ in range(count):
+    t = rng.randrange(64) if rng.random() < 0.1 else (5 * t + 3) % 64
+    out.append(t)
+with open(path, "wb") as f:
+    out.tofile(f)
+PY
+}

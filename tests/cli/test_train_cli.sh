@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# pope-train end to end: help, config and data errors with exit codes, a small run whose
+# validation loss falls, SIGTERM → checkpoint → resume, refusing to overwrite a run,
+# corrupt checkpoints, and the paper configs' parameter counts.
+source "$(dirname "$0")/cli_common.sh"
+TRAIN="$POPE_BIN/pope-train"
+[ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
+
+make_tokens "$SCRATCH/train.bin" 60000 1
+make_tokens "$SCRATCH/val.bin" 8000 2
+cat >"$SCRATCH/tiny.json" <<JSON
+{
+  "model": {"vocab_size": 64, "padded_vocab_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 32,
+            "context_length": 32, "position": {"kind": "pope"}},
+  "data": {"train": "$SCRATCH/train.bin", "val": "$SCRATCH/val.bin"},
+  "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5},
+  "train": {"steps": 60, "batch_size": 16, "micro_batch_size": 8, "seq_len": 32, "log_every": 10,
+            "eval_every": 20, "eval_batches": 4, "checkpoint_every": 20, "threads": 1, "device": "cpu"}
+}
+JSON
+
+# --help documents the options.
+expect_exit 0 "$TRAIN" --help
+for opt in --config --set --out --resume --device --stop-at --dry-run; do expect_output -- "$opt"; done
+
+# Config errors: exit 2, naming the key and what was expected.
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --set model.bogus=1
+expect_output "model.bogus"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --set model.n_head=two
+expect_output "model.n_head"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --set model.position.kind=sinusoid
+expect_output "model.position.kind"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/missing.json"
+expect_output "missing.json"
+
+# Data errors: exit 1, naming the file.
+printf 'abc' >"$SCRATCH/odd.bin"
+expect_exit 1 "$TRAIN" --config "$SCRATCH/tiny.json" --set data.train="$SCRATCH/odd.bin" --out "$SCRATCH/bad"
+expect_output "odd.bin"
+
+# A real run: validation loss falls; the run directory holds config, metrics, log, checkpoints.
+expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/run"
+expect_output "val loss"
+for f in config.json metrics.jsonl train.log checkpoints/step_00000060/model.safetensors; do
+  [ -e "$SCRATCH/run/$f" ] || fail "run directory lacks $f"
+done
+python3 - "$SCRATCH/run/metrics.jsonl" <<'PY' || fail "validation loss did not fall"
+import json, sys
+evals = [r["val_loss"] for r in map(json.loads, open(sys.argv[1])) if r["event"] == "eval"]
+print("val losses:", evals)
+sys.exit(0 if len(evals) >= 3 and evals[-1] < evals[0] - 0.5 else 1)
+PY
+
+# Starting again in the same directory without --resume is refused.
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/run"
+expect_output "--resume auto"
+
+# SIGTERM: the step finishes, a checkpoint is written, exit code 143; --resume auto completes.
+"$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=100000 --set train.checkpoint_every=0 \
+  --out "$SCRATCH/term" -q >"$SCRATCH/term.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do
+  [ "$(grep -c '"event":"train"' "$SCRATCH/term/metrics.jsonl" 2>/dev/null || true)" -ge 2 ] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+set +e; wait "$pid"; code=$?; set -e
+[ "$code" -eq 143 ] || { cat "$SCRATCH/term.log" >&2; fail "SIGTERM exit code $code, expected 143"; }
+ls "$SCRATCH/term/checkpoints" | grep -q '^step_' || fail "no checkpoint after SIGTERM"
+stopped_at=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" \
+  "$(ls -d "$SCRATCH"/term/checkpoints/step_* | tail -1)/trainer.json")
+expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=100000 --set train.checkpoint_every=0 \
+  --out "$SCRATCH/term" --resume auto --stop-at $((stopped_at + 3))
+expect_output "resumed from"
+
+# A corrupt checkpoint is rejected with the file named, exit 1.
+latest=$(ls -d "$SCRATCH"/run/checkpoints/step_* | tail -1)
+truncate -s 100 "$latest/model.safetensors"
+expect_exit 1 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/run" --resume auto
+expect_output "model.safetensors"
+
+# The paper's configs load and report their parameter counts.
+for pair in owt_124m:123.5M owt_253m:252.8M owt_774m:772.1M; do
+  expect_exit 0 "$TRAIN" --config "${pair%%:*}" --dry-run
+  expect_output "${pair#*:} in weight matrices"
+done
+echo "PASS"
