@@ -156,8 +156,8 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
   const RunConfig small = load_config(shipped("small_cpu"));
   validate(small);
   EXPECT_EQ(small.model.n_embd, 128);
-  EXPECT_EQ(small.train.steps, 300);
-  EXPECT_EQ(small.grad_accumulation(1), 2);
+  EXPECT_EQ(small.train.steps, 150);
+  EXPECT_EQ(small.grad_accumulation(1), 1);
   EXPECT_EQ(small.data.train, "data/demo/train.bin");
 }
 
