@@ -1,6 +1,7 @@
 #include "core/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -73,6 +74,15 @@ void write_bytes_atomic(const std::filesystem::path& path, std::span<const std::
   if (fd.get() < 0) throw AtomicWriteError(fmt::format("cannot create a temporary file for {}: {}", path, errno_text()));
   const std::filesystem::path temp_path = temp_name;
   try {
+    // mkstemp creates the file 0600; give it the permissions a plain open() would have.
+    // umask can only be read by setting it, so read it once (before any writer threads).
+    static const mode_t mask = [] {
+      const mode_t m = ::umask(0);
+      ::umask(m);
+      return m;
+    }();
+    if (::fchmod(fd.get(), 0666 & ~mask) != 0)
+      throw AtomicWriteError(fmt::format("cannot set permissions of {}: {}", temp_path, errno_text()));
     write_and_sync(temp_path, fd.get(), pieces);
     if (fd.close() != 0) throw AtomicWriteError(fmt::format("cannot close {}: {}", temp_path, errno_text()));
     if (::rename(temp_path.c_str(), path.c_str()) != 0)
