@@ -45,6 +45,9 @@ int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_d
 int main(int argc, char** argv) {
   CLI::App app{"pope-train: train a GPT whose attention uses a pluggable positional encoding (RoPE, PoPE, ALiBi, "
                "NoPE).\nConfig keys are documented in configs/README.md."};
+  app.footer("Exit codes: 0 done (or --stop-at reached), 1 data/checkpoint/runtime error, 2 usage or config error,\n"
+             "3 aborted after train.max_nonfinite_steps non-finite steps, 130/143 stopped by SIGINT/SIGTERM\n"
+             "(the step finishes and a checkpoint is written; continue with --resume auto).");
   std::string config_path, out_dir, resume, device;
   std::vector<std::string> overrides;
   bool dry_run = false, quiet = false;
