@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build with CUDA, run the GPU and CPU test suites, train the
+# 124M config for a few steps per encoding on the demo data, and print a short table last.
+# Logs go to $OUT (or /tmp/pope_gpu_check). Usage: scripts/gpu_check.sh [steps]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STEPS="${1:-30}"
+LOGS="${OUT:-/tmp/pope_gpu_check}"
+mkdir -p "$LOGS"
+export PATH="/opt/torch/.venv/bin:$PATH" NCCL_NVLS_ENABLE=0
+JOBS="$(nproc)"
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
+if ! cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOGS/configure.log" 2>&1; then
+  tail -40 "$LOGS/configure.log"; exit 1
+fi
+if ! cmake --build build/gpu -j "$JOBS" >"$LOGS/build.log" 2>&1; then
+  grep -E "error|FAILED" "$LOGS/build.log" | head -40; exit 1
+fi
+
+ctest --test-dir build/gpu -L gpu --output-on-failure >"$LOGS/gpu_tests.log" 2>&1
+ctest --test-dir build/gpu -L cpu -j "$JOBS" >"$LOGS/cpu_tests.log" 2>&1
+grep -E "^\s*[0-9]+/[0-9]+ Test.*(Failed|Exception|Timeout)" "$LOGS/gpu_tests.log" | head -20
+
+declare -A tokens_per_second
+if [ -f data/demo/train.bin ]; then
+  for kind in rope pope; do
+    run="/tmp/pope_gpu_run_$kind"
+    rm -rf "$run"
+    build/gpu/src/pope-train --config owt_124m --device cuda --out "$run" \
+      --set data.train=data/demo/train.bin --set data.val=data/demo/val.bin \
+      --set model.position.kind=$kind --set train.steps="$STEPS" --set train.log_every=10 \
+      --set train.eval_every=0 --set train.checkpoint_every=0 >"$LOGS/train_$kind.log" 2>&1
+    tail -3 "$LOGS/train_$kind.log"
+    tokens_per_second[$kind]=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; \
+t=[x for x in r if x['event']=='train']; print(f\"{t[-1]['tokens_per_second']:.0f} tok/s, loss {t[-1]['loss']:.3f}\" if t else 'no steps')" \
+      "$run/metrics.jsonl" 2>/dev/null || echo "failed")
+  done
+fi
+
+echo
+echo "| check | result |"
+echo "|---|---|"
+echo "| GPU | $(cat "$LOGS/gpu.txt") |"
+echo "| GPU tests | $(grep -E 'tests passed' "$LOGS/gpu_tests.log" || echo 'did not run') |"
+echo "| CPU tests | $(grep -E 'tests passed' "$LOGS/cpu_tests.log" || echo 'did not run') |"
+for kind in "${!tokens_per_second[@]}"; do echo "| 124M $kind, $STEPS steps | ${tokens_per_second[$kind]} |"; done
