@@ -7,15 +7,51 @@
 
 namespace pope {
 
-void BpeRanks::add(std::string bytes, std::uint32_t rank) {
+std::uint32_t BpeRanks::hash_of(std::string_view bytes) {
+  // FNV-1a: keys are short (a few bytes), where it is as good as any and cheaper than most.
+  std::uint32_t hash = 2166136261u;
+  for (char c : bytes) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619u;
+  return hash;
+}
+
+std::size_t BpeRanks::probe(std::string_view bytes, std::uint32_t hash) const {
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
+    const Slot& slot = slots_[i];
+    if (slot.entry == kNone) return i;
+    if (slot.hash != hash) continue;
+    const Entry& entry = entries_[slot.entry];
+    if (std::string_view(arena_).substr(entry.offset, entry.length) == bytes) return i;
+  }
+}
+
+void BpeRanks::grow() {
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(old.empty() ? 1024 : old.size() * 2, Slot{});
+  const std::size_t mask = slots_.size() - 1;
+  for (const Slot& slot : old) {
+    if (slot.entry == kNone) continue;
+    std::size_t i = slot.hash & mask;
+    while (slots_[i].entry != kNone) i = (i + 1) & mask;
+    slots_[i] = slot;
+  }
+}
+
+void BpeRanks::add(std::string_view bytes, std::uint32_t rank) {
   if (rank == kNone) throw std::invalid_argument("BpeRanks: rank value is reserved");
-  auto [it, inserted] = ranks_.emplace(std::move(bytes), rank);
-  if (!inserted) throw std::invalid_argument("BpeRanks: a byte string was ranked twice");
+  if (2 * (entries_.size() + 1) > slots_.size()) grow();
+  const std::uint32_t hash = hash_of(bytes);
+  Slot& slot = slots_[probe(bytes, hash)];
+  if (slot.entry != kNone) throw std::invalid_argument("BpeRanks: a byte string was ranked twice");
+  slot = Slot{hash, static_cast<std::uint32_t>(entries_.size())};
+  entries_.push_back(Entry{static_cast<std::uint32_t>(arena_.size()), static_cast<std::uint32_t>(bytes.size()), rank});
+  arena_ += bytes;
 }
 
 std::uint32_t BpeRanks::find(std::string_view bytes) const {
-  auto it = ranks_.find(bytes);
-  return it == ranks_.end() ? kNone : it->second;
+  if (slots_.empty()) return kNone;
+  const Slot& slot = slots_[probe(bytes, hash_of(bytes))];
+  return slot.entry == kNone ? kNone : entries_[slot.entry].rank;
 }
 
 // Parts are named by the offset of their first byte; `part_end[s]` is where part s ends (the

@@ -14,15 +14,14 @@ struct Gpt2Tokenizer::Impl {
   // Text without special tokens: pre-tokenize, then each piece is one id when it is a whole
   // token (tiktoken's shortcut, which BPE need not reproduce) or else its BPE parts.
   void encode_ordinary(std::string_view text, std::vector<std::uint16_t>& out) const {
-    std::vector<std::string_view> pieces;
-    pre_tokenizer.split(text, pieces);
-    for (std::string_view piece : pieces) {
+    out.reserve(out.size() + text.size() / 4);  // English averages over 4 bytes per token
+    pre_tokenizer.split(text, [&](std::string_view piece) {
       const std::uint32_t id = vocabulary.ranks.find(piece);
       if (id != BpeRanks::kNone)
         out.push_back(static_cast<std::uint16_t>(id));
       else
         bpe_merge(piece, vocabulary.ranks, out);
-    }
+    });
   }
 };
 

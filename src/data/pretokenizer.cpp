@@ -61,6 +61,7 @@ std::string pcre2_message(int code) {
 
 struct Gpt2PreTokenizer::Pattern {
   pcre2_code* code = nullptr;
+  bool jit = false;  // pcre2_jit_match skips pcre2_match's per-call checks: pieces are short
   ~Pattern() { pcre2_code_free(code); }
 };
 
@@ -73,10 +74,10 @@ Gpt2PreTokenizer::Gpt2PreTokenizer() : pattern_(std::make_unique<Pattern>()) {
     throw TokenizerError("GPT-2 pre-tokenizer pattern failed to compile at offset " + std::to_string(offset) +
                          ": " + pcre2_message(error));
   // JIT is a speed-up only: where the platform lacks it, pcre2_match interprets the same pattern.
-  pcre2_jit_compile(pattern_->code, PCRE2_JIT_COMPLETE);
+  pattern_->jit = pcre2_jit_compile(pattern_->code, PCRE2_JIT_COMPLETE) == 0;
 }
 
-void Gpt2PreTokenizer::split(std::string_view text, std::vector<std::string_view>& pieces) const {
+void Gpt2PreTokenizer::split(std::string_view text, const std::function<void(std::string_view)>& on_piece) const {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
       pcre2_match_data_create_from_pattern(pattern_->code, nullptr), &pcre2_match_data_free);
   if (!match) throw std::bad_alloc();
@@ -87,12 +88,14 @@ void Gpt2PreTokenizer::split(std::string_view text, std::vector<std::string_view
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(run.data());
     std::size_t start = 0;
     while (start < run.size()) {
-      const int rc = pcre2_match(pattern_->code, subject, run.size(), start, PCRE2_NO_UTF_CHECK, match.get(), nullptr);
+      const int rc = pattern_->jit
+                         ? pcre2_jit_match(pattern_->code, subject, run.size(), start, 0, match.get(), nullptr)
+                         : pcre2_match(pattern_->code, subject, run.size(), start, PCRE2_NO_UTF_CHECK, match.get(), nullptr);
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
       if (rc < 0 || ovector[0] != start || ovector[1] <= start)
         throw TokenizerError("GPT-2 pre-tokenizer: no piece at byte " + std::to_string(start) +
                              (rc < 0 ? " (" + pcre2_message(rc) + ")" : std::string()));
-      pieces.push_back(run.substr(start, ovector[1] - start));
+      on_piece(run.substr(start, ovector[1] - start));
       start = ovector[1];
     }
   };
@@ -105,7 +108,7 @@ void Gpt2PreTokenizer::split(std::string_view text, std::vector<std::string_view
       continue;
     }
     split_valid(text.substr(run_start, position - run_start));
-    pieces.push_back(text.substr(position, 1));
+    on_piece(text.substr(position, 1));
     run_start = ++position;
   }
   split_valid(text.substr(run_start));
@@ -121,7 +124,7 @@ Gpt2PreTokenizer::Gpt2PreTokenizer() {
       "(scripts/setup.sh does) and reconfigure with CMake");
 }
 
-void Gpt2PreTokenizer::split(std::string_view, std::vector<std::string_view>&) const {}
+void Gpt2PreTokenizer::split(std::string_view, const std::function<void(std::string_view)>&) const {}
 
 #endif
 

@@ -10,9 +10,9 @@
 // splits, and invalid bytes, each of which is a piece by itself.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string_view>
-#include <vector>
 
 namespace pope {
 
@@ -24,9 +24,9 @@ class Gpt2PreTokenizer {
   Gpt2PreTokenizer(Gpt2PreTokenizer&&) noexcept;
   Gpt2PreTokenizer& operator=(Gpt2PreTokenizer&&) noexcept;
 
-  // Appends the pieces of `text` to `pieces`; they are views into `text` and cover it in order.
-  // Thread-safe.
-  void split(std::string_view text, std::vector<std::string_view>& pieces) const;
+  // Calls `on_piece` with each piece of `text`, in order; the pieces are views into `text` and
+  // cover it. Thread-safe.
+  void split(std::string_view text, const std::function<void(std::string_view)>& on_piece) const;
 
  private:
   struct Pattern;

@@ -153,9 +153,9 @@ namespace {
 
 std::vector<std::string> pieces_of(std::string_view text) {
   static const Gpt2PreTokenizer pre_tokenizer;
-  std::vector<std::string_view> views;
-  pre_tokenizer.split(text, views);
-  return {views.begin(), views.end()};
+  std::vector<std::string> pieces;
+  pre_tokenizer.split(text, [&](std::string_view piece) { pieces.emplace_back(piece); });
+  return pieces;
 }
 
 }  // namespace
