@@ -37,6 +37,27 @@ std::size_t utf8_sequence_length(std::string_view text) {
   return length;
 }
 
+std::vector<std::string_view> split_at_safe_boundaries(std::string_view text, std::size_t target_bytes) {
+  const auto printable = [&](std::size_t i) { return text[i] > ' ' && text[i] < 0x7F; };
+  std::vector<std::string_view> chunks;
+  std::size_t start = 0;
+  while (text.size() - start > target_bytes) {
+    std::size_t cut = std::string_view::npos;
+    for (std::size_t newline = text.find('\n', start + target_bytes); newline != std::string_view::npos;
+         newline = text.find('\n', newline + 1)) {
+      if (newline > start && newline + 1 < text.size() && printable(newline - 1) && printable(newline + 1)) {
+        cut = newline + 1;
+        break;
+      }
+    }
+    if (cut == std::string_view::npos) break;
+    chunks.push_back(text.substr(start, cut - start));
+    start = cut;
+  }
+  chunks.push_back(text.substr(start));
+  return chunks;
+}
+
 #ifdef POPE_HAVE_PCRE2
 
 namespace {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 namespace pope {
 
@@ -32,6 +33,14 @@ class Gpt2PreTokenizer {
   struct Pattern;
   std::unique_ptr<Pattern> pattern_;
 };
+
+// Cuts `text` into chunks of at least `target_bytes` (except the last) whose separate
+// encodings concatenate to the encoding of the whole, so one long document can be encoded on
+// several threads. A cut goes only between "X\n" and "Y" where X and Y are printable non-space
+// ASCII: no piece spans the "\n" there, and "\n" before a non-space is a piece "\n" in the
+// whole text just as at the end of a chunk (the lookahead of \s+(?!\S) cannot tell them apart).
+// Text with no such place is one chunk. Holds for SpecialTokens::as_text.
+std::vector<std::string_view> split_at_safe_boundaries(std::string_view text, std::size_t target_bytes);
 
 // The length of the well-formed UTF-8 sequence starting at text[0] (Unicode Table 3-7: no
 // overlong forms, surrogates or code points above U+10FFFF), or 0 when there is none.
