@@ -100,6 +100,16 @@ done
 "$pd" tokenize -i "$tmp/openwebtext.tar.xz" -o "$tmp/o4" --val-fraction 0 --shard-tokens 0 -q
 [[ "$(ids_of "$tmp/o4/train.bin")" == "$(expected_stream "${docs[@]}")" ]] || fail "OpenWebText layout stream differs"
 
+# --- member names beyond ustar's 100 bytes: GNU long-name entries and pax headers ---
+long="$(printf 'n%.0s' {1..150})"
+mkdir -p "$tmp/long" && printf 'long named' >"$tmp/long/$long.txt" && printf 'short' >"$tmp/long/s.txt"
+(cd "$tmp/long" && tar --sort=name --format=gnu -cf "$tmp/gnu.tar" ./*.txt && tar --sort=name --format=pax -cf "$tmp/pax.tar" ./*.txt)
+"$pd" tokenize -i "$tmp/gnu.tar" -o "$tmp/o13" --per-document -q
+"$pd" tokenize -i "$tmp/pax.tar" -o "$tmp/o14" --per-document -q
+for o in o13 o14; do
+  [[ -f "$tmp/$o/$long.bin" && -f "$tmp/$o/s.bin" ]] || fail "$o: long member name lost: $(ls "$tmp/$o")"
+done
+
 # --- split and shards: every document in exactly one split, same result on 1 and 2 threads ---
 "$pd" tokenize -i "$tmp/openwebtext.tar.xz" -o "$tmp/o5" --val-fraction 0.5 --seed 7 --shard-tokens 40 -j 1 -q
 "$pd" tokenize -i "$tmp/openwebtext.tar.xz" -o "$tmp/o6" --val-fraction 0.5 --seed 7 --shard-tokens 40 -j 2 -q
