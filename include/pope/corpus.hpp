@@ -61,7 +61,8 @@ struct TokenizeSummary {
   std::uint64_t documents = 0, train_documents = 0, val_documents = 0;
   std::uint64_t train_tokens = 0, val_tokens = 0;
   std::uint64_t text_bytes = 0;  // uncompressed document bytes
-  double seconds = 0;
+  double seconds = 0;      // wall clock
+  double cpu_seconds = 0;  // CPU time of all threads: throughput per core even on a busy machine
   std::vector<std::filesystem::path> files;  // written, in order
 };
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <ctime>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -232,6 +233,7 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
   std::map<fs::path, std::string> per_document_sources;  // output → document, to report clashes
   ProgressBar progress(options.progress, total_input_bytes);
   const auto start = std::chrono::steady_clock::now();
+  const std::clock_t cpu_start = std::clock();  // CPU time of the whole process, all threads
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
 
   try {
@@ -281,6 +283,7 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
     summary.files.insert(summary.files.end(), val.files().begin(), val.files().end());
   }
   summary.seconds = elapsed();
+  summary.cpu_seconds = double(std::clock() - cpu_start) / CLOCKS_PER_SEC;
   return summary;
 }
 

@@ -29,11 +29,12 @@ constexpr int kExitUsage = 2;
 
 void print_summary(const TokenizeSummary& s, const fs::path& out_dir) {
   std::printf("pope-data: %llu documents (%llu train, %llu val), %llu train + %llu val tokens; "
-              "%.1f MB of text in %.2f s = %.1f MB/s; %zu files in %s\n",
+              "%.1f MB of text in %.2f s = %.1f MB/s (%.1f MB per CPU-second); %zu files in %s\n",
               static_cast<unsigned long long>(s.documents), static_cast<unsigned long long>(s.train_documents),
               static_cast<unsigned long long>(s.val_documents), static_cast<unsigned long long>(s.train_tokens),
               static_cast<unsigned long long>(s.val_tokens), double(s.text_bytes) / 1e6, s.seconds,
-              double(s.text_bytes) / 1e6 / std::max(s.seconds, 1e-9), s.files.size(), out_dir.c_str());
+              double(s.text_bytes) / 1e6 / std::max(s.seconds, 1e-9),
+              double(s.text_bytes) / 1e6 / std::max(s.cpu_seconds, 1e-9), s.files.size(), out_dir.c_str());
 }
 
 std::string read_text_file(const std::string& path) {
