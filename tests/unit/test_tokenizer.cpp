@@ -176,6 +176,8 @@ TEST_F(Gpt2TokenizerTest, WholeBooksHashAsInDataSources) {
   const std::vector<std::tuple<std::string, std::size_t, std::string>> cases = {
       {"carroll-alice.txt", 39622, "a04073973d25e02b05ff21b1f38d25d99b8c6dd055fb32382216810d6d4093cb"},
       {"austen-emma.txt", 223075, "fbcad380cc7dcb0a04bc816485a7f478e241198e6ccc7fcedd1f34d116baeb13"},
+      {"melville-moby_dick.txt", 345550, "f681167294651d7da791ff48cc9e6e8802c6c09f0fca0673ce4c78ea6b745ae8"},  // CRLF
+      {"bible-kjv.txt", 1200625, "8564e7aafd407b438a4563c7b88ef3e043f36f2f0997d96ae2f92912526ea3ae"},
   };
   for (const auto& [name, count, digest] : cases) {
     if (!fs::exists(books / name)) GTEST_SKIP() << books / name << " missing: run scripts/fetch_data.sh --books";
