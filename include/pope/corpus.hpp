@@ -7,7 +7,7 @@
 //                               a tar.xz whose members are tar.xz subsets of .txt documents);
 //   name ending in .jsonl     → one document per non-blank line: that JSON object's text field;
 //   anything else             → one document: the file's bytes.
-// Documents containing NUL bytes are rejected as not text.
+// Empty documents are skipped; documents containing NUL bytes are rejected as not text.
 #pragma once
 
 #include <atomic>

@@ -273,6 +273,7 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
   reader.join();
   progress.finish();
   if (std::exception_ptr error = queue.error()) std::rethrow_exception(error);
+  if (summary.documents == 0) throw DataError("tokenize: the inputs hold no (non-empty) documents");
 
   if (!options.per_document) {
     train.finish();

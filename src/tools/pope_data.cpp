@@ -89,6 +89,7 @@ std::string printable(std::string_view bytes) {
 int main(int argc, char** argv) {
   CLI::App app{"pope-data: GPT-2 token files (llm.c format) from text corpora"};
   app.require_subcommand(1);
+  app.fallthrough();  // --tokenizer-dir may also follow the subcommand
   std::string tokenizer_dir;
   app.add_option("--tokenizer-dir", tokenizer_dir,
                  "directory with encoder.json and vocab.bpe (default: $POPE_TOKENIZER_DIR, else data/tokenizer "
@@ -160,6 +161,10 @@ int main(int argc, char** argv) {
       const std::vector<fs::path> input_paths(inputs.begin(), inputs.end());
       const TokenizeSummary summary = tokenize_corpus(tokenizer, input_paths, options);
       if (!quiet) print_summary(summary, options.out_dir);
+      if (!options.per_document && options.val_fraction > 0 && summary.val_documents == 0)
+        std::fprintf(stderr, "pope-data: warning: no document fell into val at --val-fraction %g (%llu documents); "
+                             "no val file was written\n",
+                     options.val_fraction, static_cast<unsigned long long>(summary.documents));
     } else if (*inspect) {
       const TokenFile file = TokenFile::open(inspect_file, kGpt2VocabSize);
       const auto tokens = file.tokens();

@@ -144,6 +144,8 @@ printf 'Z' | dd of="$tmp/broken.tar" bs=1 seek=0 conv=notrunc 2>/dev/null  # a n
 expect_exit 1 "checksum mismatch" "$pd" tokenize -i "$tmp/broken.tar" -o "$tmp/o10" -q
 printf 'a\0b' >"$tmp/binary.txt"
 expect_exit 1 "NUL byte" "$pd" tokenize -i "$tmp/binary.txt" -o "$tmp/o11" -q
+mkdir -p "$tmp/empty"
+expect_exit 1 "no (non-empty) documents" "$pd" tokenize -i "$tmp/empty" -o "$tmp/o15" -q
 mkdir -p "$tmp/o12" && printf 'garbage' >"$tmp/o12/bad.bin"
 expect_exit 1 "bad.bin" "$pd" inspect "$tmp/o12/bad.bin"
 expect_exit 1 "fetch_tokenizer.sh" env POPE_TOKENIZER_DIR="$tmp/none" "$pd" encode hello
