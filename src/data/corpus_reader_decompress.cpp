@@ -99,7 +99,8 @@ class GzipSource : public ByteSource {
 
 }  // namespace
 
-std::unique_ptr<ByteSource> open_decompressor(Compression compression, ByteSource& inner, const std::string& name) {
+std::unique_ptr<ByteSource> open_decompressor(Compression compression, [[maybe_unused]] ByteSource& inner,
+                                              const std::string& name) {
   switch (compression) {
     case Compression::xz:
 #ifdef POPE_HAVE_LZMA

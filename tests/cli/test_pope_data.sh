@@ -11,6 +11,7 @@ bin="${POPE_BIN:?set by CTest}"
   { echo "SKIPPED: tokenizer files missing: run scripts/fetch_tokenizer.sh"; exit 77; }
 export POPE_TOKENIZER_DIR="$src/data/tokenizer"
 pd="$bin/pope-data"
+"$pd" encode x >/dev/null 2>&1 || { echo "SKIPPED: pope-data cannot tokenize in this build: $("$pd" encode x 2>&1)"; exit 77; }
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 failures=0

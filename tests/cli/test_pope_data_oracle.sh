@@ -9,6 +9,8 @@ skip() { echo "SKIPPED: $*"; exit 77; }
 
 command -v node >/dev/null || skip "node is not installed (scripts/setup.sh installs nodejs)"
 [[ -f "$src/data/tokenizer/encoder.json" ]] || skip "tokenizer files missing: run scripts/fetch_tokenizer.sh"
+"$bin/pope-data" --tokenizer-dir "$src/data/tokenizer" encode x >/dev/null 2>&1 ||
+  skip "pope-data cannot tokenize in this build: $("$bin/pope-data" --tokenizer-dir "$src/data/tokenizer" encode x 2>&1)"
 [[ -d "$src/data/sources/books" && -d "$src/data/sources/train" ]] ||
   skip "demo text missing: run scripts/fetch_data.sh"
 oracle_dir="$src/data/tokenizer/oracle"

@@ -54,7 +54,7 @@ std::string data_error_of(const std::function<void()>& action) {
   return "no DataError";
 }
 
-fs::path tokenizer_dir() { return fs::path(POPE_SOURCE_DIR) / "data" / "tokenizer"; }
+[[maybe_unused]] fs::path tokenizer_dir() { return fs::path(POPE_SOURCE_DIR) / "data" / "tokenizer"; }
 
 }  // namespace
 
