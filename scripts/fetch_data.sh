@@ -130,8 +130,10 @@ fetch_debian_docs() {
     local out="$sources/train/${package%%-*}"
     [[ -f "$out/.package" ]] && continue
     if ! compgen -G "$debs/${package}_*.deb" >/dev/null; then
+      # A fresh machine may have no package lists yet; as root, fetch them once and retry.
       (cd "$debs" && apt-get download "$package" 2>/dev/null) ||
-        { echo "error: 'apt-get download $package' failed (run 'apt-get update' first?)" >&2; return 1; }
+        { [[ "$(id -u)" -eq 0 ]] && apt-get update -qq && (cd "$debs" && apt-get download "$package"); } ||
+        { echo "error: 'apt-get download $package' failed (run 'sudo apt-get update' first?)" >&2; return 1; }
     fi
     local deb scratch
     deb="$(compgen -G "$debs/${package}_*.deb" | head -1)"
