@@ -1,0 +1,211 @@
+// pope-data: GPT-2 token files from text corpora, and a look inside them.
+//
+//   pope-data tokenize --input PATH... --out DIR [--val-fraction F --seed S --shard-tokens N …]
+//   pope-data inspect FILE [--count N]
+//   pope-data decode FILE [--start I --count N]      |  pope-data decode --ids 15496,995
+//   pope-data encode TEXT | --file PATH [--allow-special]   (ids as a JSON array)
+//
+// Exit codes: 0 success, 1 data errors (unreadable or malformed input, missing tokenizer
+// files), 2 usage errors (unknown options, missing input paths).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "pope/corpus.hpp"
+#include "pope/data.hpp"
+#include "pope/tokenizer.hpp"
+
+namespace {
+
+using namespace pope;
+namespace fs = std::filesystem;
+
+constexpr int kExitDataError = 1;
+constexpr int kExitUsage = 2;
+
+void print_summary(const TokenizeSummary& s, const fs::path& out_dir) {
+  std::printf("pope-data: %llu documents (%llu train, %llu val), %llu train + %llu val tokens; "
+              "%.1f MB of text in %.2f s = %.1f MB/s (%.1f MB per CPU-second); %zu files in %s\n",
+              static_cast<unsigned long long>(s.documents), static_cast<unsigned long long>(s.train_documents),
+              static_cast<unsigned long long>(s.val_documents), static_cast<unsigned long long>(s.train_tokens),
+              static_cast<unsigned long long>(s.val_tokens), double(s.text_bytes) / 1e6, s.seconds,
+              double(s.text_bytes) / 1e6 / std::max(s.seconds, 1e-9),
+              double(s.text_bytes) / 1e6 / std::max(s.cpu_seconds, 1e-9), s.files.size(), out_dir.c_str());
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(path + ": cannot open");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return std::move(buffer).str();
+}
+
+// "15496, 995" or "[15496,995]" → ids; anything else is a usage error.
+std::vector<std::uint16_t> parse_id_list(std::string text) {
+  for (char& c : text)
+    if (c == ',' || c == '[' || c == ']') c = ' ';
+  std::istringstream in(text);
+  std::vector<std::uint16_t> ids;
+  std::string word;
+  while (in >> word) {
+    std::size_t used = 0;
+    unsigned long id = 0;
+    try {
+      id = std::stoul(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || id >= static_cast<unsigned long>(kGpt2VocabSize))
+      throw CLI::ValidationError("--ids", "'" + word + "' is not a token id (0.." + std::to_string(kGpt2VocabSize - 1) + ")");
+    ids.push_back(static_cast<std::uint16_t>(id));
+  }
+  return ids;
+}
+
+// A token's bytes for display: printable ASCII as is, other bytes escaped.
+std::string printable(std::string_view bytes) {
+  std::string out;
+  for (unsigned char c : bytes) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c >= 0x20 && c < 0x7F && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02X", c);
+      out += escaped;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pope-data: GPT-2 token files (llm.c format) from text corpora"};
+  app.require_subcommand(1);
+  app.fallthrough();  // --tokenizer-dir may also follow the subcommand
+  std::string tokenizer_dir;
+  app.add_option("--tokenizer-dir", tokenizer_dir,
+                 "directory with encoder.json and vocab.bpe (default: $POPE_TOKENIZER_DIR, else data/tokenizer "
+                 "found upward from the current directory)");
+
+  auto* tokenize = app.add_subcommand("tokenize", "tokenize files, directories, .jsonl, .xz/.gz and tar archives");
+  std::vector<std::string> inputs;
+  TokenizeOptions options;
+  bool quiet = false;
+  tokenize->add_option("-i,--input", inputs, "input files or directories (repeatable)")
+      ->required()
+      ->check(CLI::ExistingPath);
+  tokenize->add_option("-o,--out", options.out_dir, "output directory")->required();
+  tokenize->add_option("--val-fraction", options.val_fraction, "share of documents for val.bin")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  tokenize->add_option("--seed", options.seed, "seed of the document-level split")->capture_default_str();
+  tokenize->add_option("--shard-tokens", options.shard_tokens,
+                       "tokens per llm.c shard ({train,val}_NNNNNN.bin); 0: one train.bin and one val.bin")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{2147483647}));
+  tokenize->add_flag("--per-document", options.per_document,
+                     "one token file per document, named after its file, no split (e.g. evaluation books)");
+  tokenize->add_option("--text-field", options.read.text_field, "JSONL field holding the text")->capture_default_str();
+  tokenize->add_option("-j,--threads", options.threads, "threads (0: every core)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  tokenize->add_flag("--overwrite", options.overwrite, "replace token files already in the output directory");
+  tokenize->add_flag("-q,--quiet", quiet, "no progress bar and no summary");
+
+  auto* inspect = app.add_subcommand("inspect", "format, token count and first tokens of a token file");
+  std::string inspect_file;
+  std::size_t inspect_count = 32;
+  inspect->add_option("file", inspect_file, "llm.c or nanoGPT token file")->required()->check(CLI::ExistingFile);
+  inspect->add_option("-n,--count", inspect_count, "tokens to show")->capture_default_str();
+
+  auto* decode = app.add_subcommand("decode", "write the text of a token file (or of --ids) to stdout");
+  std::string decode_file, decode_ids;
+  std::size_t decode_start = 0, decode_count = SIZE_MAX;
+  decode->add_option("file", decode_file, "llm.c or nanoGPT token file")->check(CLI::ExistingFile);
+  decode->add_option("--ids", decode_ids, "ids to decode instead, e.g. 15496,995");
+  decode->add_option("--start", decode_start, "first token")->capture_default_str();
+  decode->add_option("-n,--count", decode_count, "number of tokens (default: all)");
+
+  auto* encode = app.add_subcommand("encode", "print the GPT-2 ids of a text as a JSON array");
+  std::string encode_text, encode_file;
+  bool allow_special = false;
+  auto* text_option = encode->add_option("text", encode_text, "text to encode");
+  encode->add_option("-f,--file", encode_file, "encode this file's bytes instead")
+      ->check(CLI::ExistingFile)
+      ->excludes(text_option);
+  encode->add_flag("--allow-special", allow_special, "read <|endoftext|> as the special token 50256");
+
+  try {
+    app.parse(argc, argv);
+    if (*decode && decode_file.empty() == decode_ids.empty())
+      throw CLI::ValidationError("decode", "give exactly one of FILE and --ids");
+    if (*encode && encode_file.empty() && text_option->count() == 0)
+      throw CLI::ValidationError("encode", "give TEXT or --file");
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+
+  try {
+    const Gpt2Tokenizer tokenizer = Gpt2Tokenizer::load_default(tokenizer_dir);
+    if (*tokenize) {
+      options.progress = !quiet;
+      const std::vector<fs::path> input_paths(inputs.begin(), inputs.end());
+      const TokenizeSummary summary = tokenize_corpus(tokenizer, input_paths, options);
+      if (!quiet) print_summary(summary, options.out_dir);
+      if (!options.per_document && options.val_fraction > 0 && summary.val_documents == 0)
+        std::fprintf(stderr, "pope-data: warning: no document fell into val at --val-fraction %g (%llu documents); "
+                             "no val file was written\n",
+                     options.val_fraction, static_cast<unsigned long long>(summary.documents));
+    } else if (*inspect) {
+      const TokenFile file = TokenFile::open(inspect_file, kGpt2VocabSize);
+      const auto tokens = file.tokens();
+      const auto documents = std::count(tokens.begin(), tokens.end(), kGpt2EndOfText);
+      std::printf("%s\n  format: %s\n  tokens: %zu\n  <|endoftext|>: %zu (documents)\n  first %zu tokens:\n",
+                  inspect_file.c_str(), file.format() == TokenFileFormat::llmc ? "llm.c (header + uint16)" : "nanoGPT (uint16)",
+                  tokens.size(), static_cast<std::size_t>(documents), std::min(inspect_count, tokens.size()));
+      for (std::size_t i = 0; i < std::min(inspect_count, tokens.size()); ++i)
+        std::printf("  %8zu  %5u  \"%s\"\n", i, tokens[i], printable(tokenizer.token_bytes(tokens[i])).c_str());
+      const auto head = tokens.first(std::min(inspect_count, tokens.size()));
+      std::printf("  text: \"%s\"\n", printable(tokenizer.decode(head)).c_str());
+    } else if (*decode) {
+      std::vector<std::uint16_t> ids;
+      std::span<const std::uint16_t> selected;
+      std::optional<TokenFile> file;
+      if (!decode_ids.empty()) {
+        ids = parse_id_list(decode_ids);
+        selected = ids;
+      } else {
+        file = TokenFile::open(decode_file, kGpt2VocabSize);
+        selected = file->tokens();
+      }
+      if (decode_start > selected.size())
+        throw CLI::ValidationError("--start", std::to_string(decode_start) + " is past the last token (" +
+                                                  std::to_string(selected.size()) + " tokens)");
+      selected = selected.subspan(decode_start, std::min(decode_count, selected.size() - decode_start));
+      const std::string text = tokenizer.decode(selected);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    } else if (*encode) {
+      const std::string text = encode_file.empty() ? encode_text : read_text_file(encode_file);
+      const auto ids = tokenizer.encode(text, allow_special ? SpecialTokens::allowed : SpecialTokens::as_text);
+      std::string json = "[";
+      for (std::size_t i = 0; i < ids.size(); ++i) json += (i ? "," : "") + std::to_string(ids[i]);
+      std::printf("%s]\n", json.c_str());
+    }
+  } catch (const CLI::ValidationError& e) {
+    std::fprintf(stderr, "pope-data: %s\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pope-data: error: %s\n", e.what());
+    return kExitDataError;
+  }
+  return 0;
+}
