@@ -1,0 +1,89 @@
+// One block per row. Pass 1 reads the row once, each thread keeping an online (max, sum of
+// exp) pair over its columns; the pairs are combined across the block. Pass 2 (only for the
+// gradient) reads the row again (from L2: a row is ~100 KB) and overwrites it with dlogits.
+#include <math.h>
+
+#include "block_reduce.cuh"
+#include "cross_entropy.cuh"
+
+namespace pope::kernels {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+// Σ exp(z − max) over some columns, with its max: combining two rescales to the larger max.
+struct SoftmaxPartial {
+  float max;
+  float sum;
+};
+
+struct CombineSoftmax {
+  __device__ SoftmaxPartial operator()(SoftmaxPartial a, SoftmaxPartial b) const {
+    const float max = fmaxf(a.max, b.max);
+    if (max == -INFINITY) return {max, 0.0f};
+    return {max, a.sum * expf(a.max - max) + b.sum * expf(b.max - max)};
+  }
+};
+
+__device__ SoftmaxPartial shuffle_xor(SoftmaxPartial value, int offset) {
+  return {kernels::shuffle_xor(value.max, offset), kernels::shuffle_xor(value.sum, offset)};
+}
+
+__global__ void cross_entropy_kernel(float* losses, __nv_bfloat16* logits, const int* targets, int padded_width,
+                                     int vocab_size, bool compute_grad, float grad_scale, DeviceErrorRecord* error) {
+  __shared__ SoftmaxPartial reduce_scratch[kWarpSize];
+  const int row = blockIdx.x;
+  __nv_bfloat16* z = logits + std::size_t(row) * padded_width;
+  const int target = targets[row];
+  if (target >= vocab_size) {
+    if (threadIdx.x == 0) {
+      report_device_error(error, kCrossEntropyTarget, row, target, vocab_size);
+      losses[row] = NAN;
+    }
+    return;
+  }
+  if (target < 0) {  // masked: no loss, no gradient
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (compute_grad)
+      for (int c = threadIdx.x; c < padded_width; c += blockDim.x) z[c] = __float2bfloat16_rn(0.0f);
+    return;
+  }
+  // Read before the block reduction's barriers; pass 2 may overwrite z[target].
+  const float target_logit = __bfloat162float(z[target]);
+
+  SoftmaxPartial partial{-INFINITY, 0.0f};
+  for (int c = threadIdx.x; c < vocab_size; c += blockDim.x) {
+    const float value = __bfloat162float(z[c]);
+    if (value > partial.max) {
+      partial.sum = partial.sum * expf(partial.max - value) + 1.0f;
+      partial.max = value;
+    } else {
+      partial.sum += expf(value - partial.max);
+    }
+  }
+  const SoftmaxPartial total = block_reduce(partial, reduce_scratch, CombineSoftmax{}, SoftmaxPartial{-INFINITY, 0.0f});
+  const float log_sum = logf(total.sum);
+  if (threadIdx.x == 0) losses[row] = log_sum + total.max - target_logit;
+  if (!compute_grad) return;
+
+  const float shift = total.max + log_sum;  // probability = exp(z − shift)
+  for (int c = threadIdx.x; c < padded_width; c += blockDim.x) {
+    float gradient = 0.0f;
+    if (c < vocab_size) gradient = (expf(__bfloat162float(z[c]) - shift) - (c == target ? 1.0f : 0.0f)) * grad_scale;
+    z[c] = __float2bfloat16_rn(gradient);
+  }
+}
+
+}  // namespace
+
+cudaError_t cross_entropy(float* losses, __nv_bfloat16* logits, const int* targets, int rows, int padded_width,
+                          int vocab_size, bool compute_grad, float grad_scale, DeviceErrorRecord* error,
+                          cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  cross_entropy_kernel<<<rows, kThreads, 0, stream>>>(losses, logits, targets, padded_width, vocab_size, compute_grad,
+                                                      grad_scale, error);
+  return cudaGetLastError();
+}
+
+}  // namespace pope::kernels

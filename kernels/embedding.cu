@@ -1,0 +1,145 @@
+// Forward: a gather, one thread per 16-byte piece of an output row (per element when rows
+// are not 16-byte aligned).
+//
+// Backward without float atomics, whose summation order would vary from run to run:
+//   1. sort (token, position) pairs by token with CUB's stable radix sort, so each token's
+//      positions form one run, in increasing position order;
+//   2. one block per sorted entry; only the first entry of a run works: its threads take
+//      columns, sum the run's dout rows in order in fp32 and add the sum into dtable.
+// Each table row is then written by exactly one block, and the order of every sum is fixed.
+// Frequent tokens make long runs, but a run costs one coalesced row read per occurrence.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "embedding.cuh"
+#include "grid.cuh"
+
+namespace pope::kernels {
+
+namespace {
+
+// Copies whole rows in units of `Unit` (uint4 = 8 bf16, or a single bf16).
+template <class Unit>
+__global__ void embedding_forward_kernel(Unit* out, const int* tokens, const Unit* table, int rows,
+                                         int units_per_row, int vocab_rows, DeviceErrorRecord* error) {
+  const std::size_t count = std::size_t(rows) * units_per_row;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < count;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t row = i / units_per_row, unit = i % units_per_row;
+    const int token = tokens[row];
+    if (token >= 0 && token < vocab_rows) {
+      out[i] = table[std::size_t(token) * units_per_row + unit];
+    } else {
+      if (unit == 0) report_device_error(error, kEmbeddingForwardToken, row, token, vocab_rows);
+      Unit not_a_number;
+      memset(&not_a_number, 0xFF, sizeof(Unit));  // all-ones bf16 bits are a NaN
+      out[i] = not_a_number;
+    }
+  }
+}
+
+template <class Unit>
+cudaError_t launch_forward(void* out, const int* tokens, const void* table, int rows, int units_per_row,
+                           int vocab_rows, DeviceErrorRecord* error, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const std::size_t count = std::size_t(rows) * units_per_row;
+  embedding_forward_kernel<<<grid_stride_blocks(count, kThreads), kThreads, 0, stream>>>(
+      static_cast<Unit*>(out), tokens, static_cast<const Unit*>(table), rows, units_per_row, vocab_rows, error);
+  return cudaGetLastError();
+}
+
+__global__ void iota_kernel(int* values, int count) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) values[i] = i;
+}
+
+__global__ void accumulate_token_runs_kernel(float* dtable, const __nv_bfloat16* dout, const int* sorted_tokens,
+                                             const int* sorted_positions, int rows, int width, int vocab_rows,
+                                             DeviceErrorRecord* error) {
+  const int first = blockIdx.x;
+  const int token = sorted_tokens[first];
+  if (first > 0 && sorted_tokens[first - 1] == token) return;  // not the head of a run
+  if (token < 0 || token >= vocab_rows) {
+    if (threadIdx.x == 0) report_device_error(error, kEmbeddingBackwardToken, sorted_positions[first], token, vocab_rows);
+    return;
+  }
+  for (int column = threadIdx.x; column < width; column += blockDim.x) {
+    float sum = 0.0f;
+    for (int entry = first; entry < rows && sorted_tokens[entry] == token; ++entry)
+      sum += __bfloat162float(dout[std::size_t(sorted_positions[entry]) * width + column]);
+    dtable[std::size_t(token) * width + column] += sum;
+  }
+}
+
+// Scratch layout: positions, sorted tokens, sorted positions (rows ints each), then CUB's
+// temporary storage; every part starts on a 256-byte boundary.
+struct BackwardScratch {
+  int* positions;
+  int* sorted_tokens;
+  int* sorted_positions;
+  void* sort_storage;
+  std::size_t sort_bytes;
+};
+
+std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+cudaError_t sort_storage_bytes(int rows, std::size_t* bytes) {
+  *bytes = 0;
+  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, static_cast<const int*>(nullptr),
+                                         static_cast<int*>(nullptr), static_cast<const int*>(nullptr),
+                                         static_cast<int*>(nullptr), rows);
+}
+
+std::size_t scratch_total(int rows, std::size_t sort_bytes) {
+  return 3 * round_up(sizeof(int) * std::size_t(rows)) + round_up(sort_bytes);
+}
+
+BackwardScratch carve(void* scratch, int rows, std::size_t sort_bytes) {
+  auto* base = static_cast<char*>(scratch);
+  const std::size_t ints = round_up(sizeof(int) * std::size_t(rows));
+  return {reinterpret_cast<int*>(base), reinterpret_cast<int*>(base + ints), reinterpret_cast<int*>(base + 2 * ints),
+          base + 3 * ints, sort_bytes};
+}
+
+}  // namespace
+
+cudaError_t embedding_forward(__nv_bfloat16* out, const int* tokens, const __nv_bfloat16* table, int rows,
+                              int width, int vocab_rows, DeviceErrorRecord* error, cudaStream_t stream) {
+  if (rows == 0 || width == 0) return cudaSuccess;
+  constexpr int kUnit = 8;  // bf16 per uint4
+  if (width % kUnit == 0 && aligned16(out) && aligned16(table))
+    return launch_forward<uint4>(out, tokens, table, rows, width / kUnit, vocab_rows, error, stream);
+  return launch_forward<__nv_bfloat16>(out, tokens, table, rows, width, vocab_rows, error, stream);
+}
+
+cudaError_t embedding_backward_scratch_bytes(int rows, std::size_t* bytes) {
+  std::size_t sort_bytes = 0;
+  const cudaError_t status = sort_storage_bytes(rows, &sort_bytes);
+  *bytes = scratch_total(rows, sort_bytes);
+  return status;
+}
+
+cudaError_t embedding_backward(float* dtable, const __nv_bfloat16* dout, const int* tokens, int rows, int width,
+                               int vocab_rows, void* scratch, std::size_t scratch_bytes, DeviceErrorRecord* error,
+                               cudaStream_t stream) {
+  if (rows == 0 || width == 0) return cudaSuccess;
+  std::size_t sort_bytes = 0;
+  if (cudaError_t status = sort_storage_bytes(rows, &sort_bytes); status != cudaSuccess) return status;
+  if (scratch_bytes < scratch_total(rows, sort_bytes)) return cudaErrorInvalidValue;
+  BackwardScratch parts = carve(scratch, rows, sort_bytes);
+
+  constexpr int kThreads = 256;
+  iota_kernel<<<grid_stride_blocks(std::size_t(rows), kThreads), kThreads, 0, stream>>>(parts.positions, rows);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  // All 32 key bits: out-of-range tokens must still sort into runs of equal value.
+  if (cudaError_t status = cub::DeviceRadixSort::SortPairs(parts.sort_storage, parts.sort_bytes, tokens,
+                                                           parts.sorted_tokens, parts.positions,
+                                                           parts.sorted_positions, rows, 0, 32, stream);
+      status != cudaSuccess)
+    return status;
+  constexpr int kColumnThreads = 128;
+  accumulate_token_runs_kernel<<<rows, kColumnThreads, 0, stream>>>(dtable, dout, parts.sorted_tokens,
+                                                                     parts.sorted_positions, rows, width, vocab_rows,
+                                                                     error);
+  return cudaGetLastError();
+}
+
+}  // namespace pope::kernels
