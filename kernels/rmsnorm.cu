@@ -5,6 +5,8 @@
 // memory) need no synchronisation and are summed in row order. A second kernel adds the
 // chunks' partials column by column in chunk order. The chunking does not depend on the
 // GPU, so results are bitwise reproducible on any device.
+// Both move rows in groups of kWidth columns (16-byte accesses where rows allow it).
+#include "bf16_group.cuh"
 #include "block_reduce.cuh"
 #include "rmsnorm.cuh"
 
@@ -19,31 +21,40 @@ constexpr int kReduceThreads = 256;
 
 int chunk_count(int rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
 
+template <int kWidth>
 __global__ void rmsnorm_forward_kernel(__nv_bfloat16* out, float* rstd, const __nv_bfloat16* x,
                                        const __nv_bfloat16* gain, int rows, int width, float eps) {
   const int lane = threadIdx.x % kWarpSize;
   const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   if (row >= rows) return;  // whole warps leave together: the shuffles below stay complete
+  const int groups = width / kWidth;
   const __nv_bfloat16* x_row = x + std::size_t(row) * width;
   float sum_squares = 0.0f;
-  for (int c = lane; c < width; c += kWarpSize) {
-    const float value = __bfloat162float(x_row[c]);
-    sum_squares += value * value;
+  for (int g = lane; g < groups; g += kWarpSize) {
+    const Bf16Group<kWidth> values = load_group<kWidth>(x_row, g);
+    for (int k = 0; k < kWidth; ++k) sum_squares += values.get(k) * values.get(k);
   }
   sum_squares = warp_reduce(sum_squares, SumOp{});
   const float inverse_rms = 1.0f / sqrtf(sum_squares / float(width) + eps);
   if (lane == 0) rstd[row] = inverse_rms;
   __nv_bfloat16* out_row = out + std::size_t(row) * width;
-  for (int c = lane; c < width; c += kWarpSize)
-    out_row[c] = __float2bfloat16_rn(__bfloat162float(x_row[c]) * inverse_rms * __bfloat162float(gain[c]));
+  for (int g = lane; g < groups; g += kWarpSize) {
+    const Bf16Group<kWidth> values = load_group<kWidth>(x_row, g), gains = load_group<kWidth>(gain, g);
+    Bf16Group<kWidth> result;
+    for (int k = 0; k < kWidth; ++k) result.set(k, values.get(k) * inverse_rms * gains.get(k));
+    store_group(out_row, g, result);
+  }
 }
 
+template <int kWidth>
 __global__ void rmsnorm_backward_kernel(__nv_bfloat16* dx, float* gain_partials, const __nv_bfloat16* dout,
                                         const __nv_bfloat16* x, const __nv_bfloat16* gain, const float* rstd,
                                         int rows, int width) {
-  extern __shared__ float gain_partial[];  // [width], column c owned by thread c % blockDim.x
+  extern __shared__ float gain_partial[];  // [width]; group g's columns owned by thread g % blockDim.x
   __shared__ float reduce_scratch[kWarpSize];
-  for (int c = threadIdx.x; c < width; c += blockDim.x) gain_partial[c] = 0.0f;
+  const int groups = width / kWidth;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x)
+    for (int k = 0; k < kWidth; ++k) gain_partial[g * kWidth + k] = 0.0f;
 
   const int first = blockIdx.x * kRowsPerChunk;
   const int last = min(rows, first + kRowsPerChunk);
@@ -51,17 +62,27 @@ __global__ void rmsnorm_backward_kernel(__nv_bfloat16* dx, float* gain_partials,
     const std::size_t base = std::size_t(row) * width;
     const float r = rstd[row];
     float dot = 0.0f;  // Σ_c (dout · gain) · x̂
-    for (int c = threadIdx.x; c < width; c += blockDim.x)
-      dot += __bfloat162float(dout[base + c]) * __bfloat162float(gain[c]) * __bfloat162float(x[base + c]) * r;
+    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+      const Bf16Group<kWidth> dy = load_group<kWidth>(dout + base, g), xs = load_group<kWidth>(x + base, g),
+                              gains = load_group<kWidth>(gain, g);
+      for (int k = 0; k < kWidth; ++k) dot += dy.get(k) * gains.get(k) * xs.get(k) * r;
+    }
     const float mean = block_sum(dot, reduce_scratch) / float(width);
-    for (int c = threadIdx.x; c < width; c += blockDim.x) {
-      const float dy = __bfloat162float(dout[base + c]), x_hat = __bfloat162float(x[base + c]) * r;
-      const float update = r * (dy * __bfloat162float(gain[c]) - x_hat * mean);
-      dx[base + c] = __float2bfloat16_rn(__bfloat162float(dx[base + c]) + update);
-      gain_partial[c] += dy * x_hat;
+    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+      const Bf16Group<kWidth> dy = load_group<kWidth>(dout + base, g), xs = load_group<kWidth>(x + base, g),
+                              gains = load_group<kWidth>(gain, g);
+      Bf16Group<kWidth> dxs = load_group<kWidth>(dx + base, g);
+      for (int k = 0; k < kWidth; ++k) {
+        const float x_hat = xs.get(k) * r;
+        dxs.set(k, dxs.get(k) + r * (dy.get(k) * gains.get(k) - x_hat * mean));
+        gain_partial[g * kWidth + k] += dy.get(k) * x_hat;
+      }
+      store_group(dx + base, g, dxs);
     }
   }
-  for (int c = threadIdx.x; c < width; c += blockDim.x) gain_partials[std::size_t(blockIdx.x) * width + c] = gain_partial[c];
+  for (int g = threadIdx.x; g < groups; g += blockDim.x)
+    for (int k = 0; k < kWidth; ++k)
+      gain_partials[std::size_t(blockIdx.x) * width + g * kWidth + k] = gain_partial[g * kWidth + k];
 }
 
 __global__ void sum_gain_partials_kernel(float* dgain, const float* gain_partials, int chunks, int width) {
@@ -79,8 +100,11 @@ cudaError_t rmsnorm_forward(__nv_bfloat16* out, float* rstd, const __nv_bfloat16
   if (rows == 0) return cudaSuccess;
   constexpr int kRowsPerBlock = kForwardThreads / kWarpSize;
   const int blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  rmsnorm_forward_kernel<<<blocks, kForwardThreads, 0, stream>>>(out, rstd, x, gain, rows, width, eps);
-  return cudaGetLastError();
+  return launch_with_group_width(width, {out, x, gain}, [&](auto group) {
+    rmsnorm_forward_kernel<decltype(group)::value><<<blocks, kForwardThreads, 0, stream>>>(out, rstd, x, gain, rows,
+                                                                                          width, eps);
+    return cudaGetLastError();
+  });
 }
 
 std::size_t rmsnorm_backward_scratch_bytes(int rows, int width) {
@@ -95,9 +119,12 @@ cudaError_t rmsnorm_backward(__nv_bfloat16* dx, float* dgain, const __nv_bfloat1
     return cudaErrorInvalidValue;
   auto* gain_partials = static_cast<float*>(scratch);
   const std::size_t shared_bytes = sizeof(float) * std::size_t(width);
-  rmsnorm_backward_kernel<<<chunk_count(rows), kBackwardThreads, shared_bytes, stream>>>(dx, gain_partials, dout, x,
-                                                                                         gain, rstd, rows, width);
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  const cudaError_t status = launch_with_group_width(width, {dx, dout, x, gain}, [&](auto group) {
+    rmsnorm_backward_kernel<decltype(group)::value><<<chunk_count(rows), kBackwardThreads, shared_bytes, stream>>>(
+        dx, gain_partials, dout, x, gain, rstd, rows, width);
+    return cudaGetLastError();
+  });
+  if (status != cudaSuccess) return status;
   sum_gain_partials_kernel<<<(width + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, stream>>>(
       dgain, gain_partials, chunk_count(rows), width);
   return cudaGetLastError();
