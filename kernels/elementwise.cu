@@ -1,8 +1,8 @@
 // One kernel template maps a float function over bf16 inputs. Where every pointer is 16-byte
 // aligned each thread moves 8 elements per 16-byte load/store (the ops are bandwidth-bound);
 // the remainder, or everything when a pointer is unaligned, goes element by element.
+#include "bf16_group.cuh"
 #include "elementwise.cuh"
-#include "grid.cuh"
 
 namespace pope::kernels {
 
@@ -34,8 +34,6 @@ struct Add {
   __device__ float operator()(const float* in) const { return in[0] + in[1]; }
 };
 
-constexpr int kVectorWidth = 8;  // bf16 elements in 16 bytes
-
 template <class Op> struct Inputs {
   const __nv_bfloat16* pointer[Op::kInputs];
 };
@@ -44,21 +42,19 @@ template <class Op>
 __global__ void map_bf16_kernel(__nv_bfloat16* out, Inputs<Op> inputs, std::size_t count, bool vectorized, Op op) {
   const std::size_t first = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
-  const std::size_t vectors = vectorized ? count / kVectorWidth : 0;
-  for (std::size_t v = first; v < vectors; v += stride) {
-    uint4 raw[Op::kInputs];
-    for (int k = 0; k < Op::kInputs; ++k) raw[k] = reinterpret_cast<const uint4*>(inputs.pointer[k])[v];
-    uint4 result;
-    auto* result_elements = reinterpret_cast<__nv_bfloat16*>(&result);
-    for (int e = 0; e < kVectorWidth; ++e) {
+  const std::size_t groups = vectorized ? count / kVectorGroup : 0;
+  for (std::size_t g = first; g < groups; g += stride) {
+    Bf16Group<kVectorGroup> values[Op::kInputs];
+    for (int k = 0; k < Op::kInputs; ++k) values[k] = load_group<kVectorGroup>(inputs.pointer[k], g);
+    Bf16Group<kVectorGroup> result;
+    for (int e = 0; e < kVectorGroup; ++e) {
       float arguments[Op::kInputs];
-      for (int k = 0; k < Op::kInputs; ++k)
-        arguments[k] = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(&raw[k])[e]);
-      result_elements[e] = __float2bfloat16_rn(op(arguments));
+      for (int k = 0; k < Op::kInputs; ++k) arguments[k] = values[k].get(e);
+      result.set(e, op(arguments));
     }
-    reinterpret_cast<uint4*>(out)[v] = result;
+    store_group(out, g, result);
   }
-  for (std::size_t i = vectors * kVectorWidth + first; i < count; i += stride) {
+  for (std::size_t i = groups * kVectorGroup + first; i < count; i += stride) {
     float arguments[Op::kInputs];
     for (int k = 0; k < Op::kInputs; ++k) arguments[k] = __bfloat162float(inputs.pointer[k][i]);
     out[i] = __float2bfloat16_rn(op(arguments));
@@ -71,7 +67,7 @@ cudaError_t launch_map(__nv_bfloat16* out, Inputs<Op> inputs, std::size_t count,
   bool vectorized = aligned16(out);
   for (int k = 0; k < Op::kInputs; ++k) vectorized = vectorized && aligned16(inputs.pointer[k]);
   constexpr int kThreads = 256;
-  const std::size_t work_items = vectorized ? count / kVectorWidth + count % kVectorWidth : count;
+  const std::size_t work_items = vectorized ? count / kVectorGroup + count % kVectorGroup : count;
   map_bf16_kernel<<<grid_stride_blocks(work_items, kThreads), kThreads, 0, stream>>>(out, inputs, count, vectorized,
                                                                                       Op{});
   return cudaGetLastError();

@@ -1,4 +1,4 @@
-// Forward: a gather, one thread per 16-byte piece of an output row (per element when rows
+// Forward: a gather, one thread per 16-byte group of an output row (per element when rows
 // are not 16-byte aligned).
 //
 // Backward without float atomics, whose summation order would vary from run to run:
@@ -10,41 +10,32 @@
 // Frequent tokens make long runs, but a run costs one coalesced row read per occurrence.
 #include <cub/device/device_radix_sort.cuh>
 
+#include "bf16_group.cuh"
 #include "embedding.cuh"
-#include "grid.cuh"
 
 namespace pope::kernels {
 
 namespace {
 
-// Copies whole rows in units of `Unit` (uint4 = 8 bf16, or a single bf16).
-template <class Unit>
-__global__ void embedding_forward_kernel(Unit* out, const int* tokens, const Unit* table, int rows,
-                                         int units_per_row, int vocab_rows, DeviceErrorRecord* error) {
-  const std::size_t count = std::size_t(rows) * units_per_row;
+// Copies whole rows in groups of kWidth bf16 values.
+template <int kWidth>
+__global__ void embedding_forward_kernel(__nv_bfloat16* out, const int* tokens, const __nv_bfloat16* table, int rows,
+                                         int width, int vocab_rows, DeviceErrorRecord* error) {
+  const int groups_per_row = width / kWidth;
+  const std::size_t count = std::size_t(rows) * groups_per_row;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < count;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t row = i / units_per_row, unit = i % units_per_row;
+    const std::size_t row = i / groups_per_row, group = i % groups_per_row;
     const int token = tokens[row];
+    Bf16Group<kWidth> values;
     if (token >= 0 && token < vocab_rows) {
-      out[i] = table[std::size_t(token) * units_per_row + unit];
+      values = load_group<kWidth>(table + std::size_t(token) * width, group);
     } else {
-      if (unit == 0) report_device_error(error, kEmbeddingForwardToken, row, token, vocab_rows);
-      Unit not_a_number;
-      memset(&not_a_number, 0xFF, sizeof(Unit));  // all-ones bf16 bits are a NaN
-      out[i] = not_a_number;
+      if (group == 0) report_device_error(error, kEmbeddingForwardToken, row, token, vocab_rows);
+      for (int k = 0; k < kWidth; ++k) values.set(k, NAN);
     }
+    store_group(out, i, values);
   }
-}
-
-template <class Unit>
-cudaError_t launch_forward(void* out, const int* tokens, const void* table, int rows, int units_per_row,
-                           int vocab_rows, DeviceErrorRecord* error, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  const std::size_t count = std::size_t(rows) * units_per_row;
-  embedding_forward_kernel<<<grid_stride_blocks(count, kThreads), kThreads, 0, stream>>>(
-      static_cast<Unit*>(out), tokens, static_cast<const Unit*>(table), rows, units_per_row, vocab_rows, error);
-  return cudaGetLastError();
 }
 
 __global__ void iota_kernel(int* values, int count) {
@@ -104,10 +95,13 @@ BackwardScratch carve(void* scratch, int rows, std::size_t sort_bytes) {
 cudaError_t embedding_forward(__nv_bfloat16* out, const int* tokens, const __nv_bfloat16* table, int rows,
                               int width, int vocab_rows, DeviceErrorRecord* error, cudaStream_t stream) {
   if (rows == 0 || width == 0) return cudaSuccess;
-  constexpr int kUnit = 8;  // bf16 per uint4
-  if (width % kUnit == 0 && aligned16(out) && aligned16(table))
-    return launch_forward<uint4>(out, tokens, table, rows, width / kUnit, vocab_rows, error, stream);
-  return launch_forward<__nv_bfloat16>(out, tokens, table, rows, width, vocab_rows, error, stream);
+  return launch_with_group_width(width, {out, table}, [&](auto group) {
+    constexpr int kThreads = 256;
+    const std::size_t count = std::size_t(rows) * (width / decltype(group)::value);
+    embedding_forward_kernel<decltype(group)::value><<<grid_stride_blocks(count, kThreads), kThreads, 0, stream>>>(
+        out, tokens, table, rows, width, vocab_rows, error);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t embedding_backward_scratch_bytes(int rows, std::size_t* bytes) {
