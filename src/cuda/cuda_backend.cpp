@@ -96,12 +96,15 @@ class CudaBackend final : public Backend {
     POPE_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(DeviceErrorRecord)));
     POPE_CUDA_CHECK(cudaMemset(device_error_, 0, sizeof(DeviceErrorRecord)));
     POPE_CUDA_CHECK(cudaMalloc(&sum_result_, sizeof(double)));
+    // Created only now, so that whatever they allocate lands on this backend's device.
     matmul_ = std::make_unique<cuda::CublasLtMatmul>();
+    attention_ = std::make_unique<cuda::AttentionRunner>();
   }
 
   ~CudaBackend() override {
     // Destructors must not throw: finish queued work, then release, ignoring errors.
     cudaStreamSynchronize(stream_);
+    attention_.reset();
     matmul_.reset();
     cudaFree(sum_result_);
     cudaFree(device_error_);
@@ -303,8 +306,8 @@ class CudaBackend final : public Backend {
 
   // ---- attention (the attention runner's kernels) ---------------------------------------------
 
-  void attention_forward(const AttentionForward& args) override { attention_.forward(args, stream_); }
-  void attention_backward(const AttentionBackward& args) override { attention_.backward(args, stream_); }
+  void attention_forward(const AttentionForward& args) override { attention_->forward(args, stream_); }
+  void attention_backward(const AttentionBackward& args) override { attention_->backward(args, stream_); }
 
   // ---- classifier and optimizer -------------------------------------------------------------
 
@@ -430,7 +433,7 @@ class CudaBackend final : public Backend {
   DeviceErrorRecord* device_error_ = nullptr;
   double* sum_result_ = nullptr;
   std::unique_ptr<cuda::CublasLtMatmul> matmul_;
-  cuda::AttentionRunner attention_;
+  std::unique_ptr<cuda::AttentionRunner> attention_;
   cuda::DeviceScratch embedding_scratch_, rmsnorm_scratch_, sum_scratch_, adamw_chunk_table_;
   std::vector<ParamSegment> adamw_segments_;
   int adamw_chunk_count_ = 0;

@@ -16,7 +16,9 @@
 
 namespace pope {
 
-// Throws std::runtime_error when `device_index` names no visible CUDA device.
+// Makes `device_index` the calling thread's current device and keeps all of the backend's
+// memory and work there; use one backend (one device) per process, as data-parallel ranks
+// do. Throws std::runtime_error when `device_index` names no visible CUDA device.
 std::unique_ptr<Backend> make_cuda_backend(int device_index);
 
 }  // namespace pope
