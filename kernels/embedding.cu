@@ -5,7 +5,8 @@
 //   1. sort (token, position) pairs by token with CUB's stable radix sort, so each token's
 //      positions form one run, in increasing position order;
 //   2. one block per sorted entry; only the first entry of a run works: its threads take
-//      columns, sum the run's dout rows in order in fp32 and add the sum into dtable.
+//      columns (16-byte groups of them where aligned), sum the run's dout rows in order in
+//      fp32 and add the sums into dtable.
 // Each table row is then written by exactly one block, and the order of every sum is fixed.
 // Frequent tokens make long runs, but a run costs one coalesced row read per occurrence.
 #include <cub/device/device_radix_sort.cuh>
@@ -42,6 +43,7 @@ __global__ void iota_kernel(int* values, int count) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) values[i] = i;
 }
 
+template <int kWidth>
 __global__ void accumulate_token_runs_kernel(float* dtable, const __nv_bfloat16* dout, const int* sorted_tokens,
                                              const int* sorted_positions, int rows, int width, int vocab_rows,
                                              DeviceErrorRecord* error) {
@@ -52,11 +54,15 @@ __global__ void accumulate_token_runs_kernel(float* dtable, const __nv_bfloat16*
     if (threadIdx.x == 0) report_device_error(error, kEmbeddingBackwardToken, sorted_positions[first], token, vocab_rows);
     return;
   }
-  for (int column = threadIdx.x; column < width; column += blockDim.x) {
-    float sum = 0.0f;
-    for (int entry = first; entry < rows && sorted_tokens[entry] == token; ++entry)
-      sum += __bfloat162float(dout[std::size_t(sorted_positions[entry]) * width + column]);
-    dtable[std::size_t(token) * width + column] += sum;
+  const int groups = width / kWidth;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    float sum[kWidth] = {};
+    for (int entry = first; entry < rows && sorted_tokens[entry] == token; ++entry) {
+      const Bf16Group<kWidth> values = load_group<kWidth>(dout + std::size_t(sorted_positions[entry]) * width, g);
+      for (int k = 0; k < kWidth; ++k) sum[k] += values.get(k);
+    }
+    float* table_row = dtable + std::size_t(token) * width + g * kWidth;
+    for (int k = 0; k < kWidth; ++k) table_row[k] += sum[k];
   }
 }
 
@@ -129,11 +135,12 @@ cudaError_t embedding_backward(float* dtable, const __nv_bfloat16* dout, const i
                                                            parts.sorted_positions, rows, 0, 32, stream);
       status != cudaSuccess)
     return status;
-  constexpr int kColumnThreads = 128;
-  accumulate_token_runs_kernel<<<rows, kColumnThreads, 0, stream>>>(dtable, dout, parts.sorted_tokens,
-                                                                     parts.sorted_positions, rows, width, vocab_rows,
-                                                                     error);
-  return cudaGetLastError();
+  return launch_with_group_width(width, {dout}, [&](auto group) {
+    constexpr int kColumnThreads = 128;
+    accumulate_token_runs_kernel<decltype(group)::value><<<rows, kColumnThreads, 0, stream>>>(
+        dtable, dout, parts.sorted_tokens, parts.sorted_positions, rows, width, vocab_rows, error);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace pope::kernels

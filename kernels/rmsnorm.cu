@@ -6,6 +6,8 @@
 // chunks' partials column by column in chunk order. The chunking does not depend on the
 // GPU, so results are bitwise reproducible on any device.
 // Both move rows in groups of kWidth columns (16-byte accesses where rows allow it).
+#include <algorithm>
+
 #include "bf16_group.cuh"
 #include "block_reduce.cuh"
 #include "rmsnorm.cuh"
@@ -16,7 +18,7 @@ namespace {
 
 constexpr int kRowsPerChunk = 32;
 constexpr int kForwardThreads = 256;  // 8 rows per block
-constexpr int kBackwardThreads = 256;
+constexpr int kMaxBackwardThreads = 256;
 constexpr int kReduceThreads = 256;
 
 int chunk_count(int rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
@@ -120,7 +122,11 @@ cudaError_t rmsnorm_backward(__nv_bfloat16* dx, float* dgain, const __nv_bfloat1
   auto* gain_partials = static_cast<float*>(scratch);
   const std::size_t shared_bytes = sizeof(float) * std::size_t(width);
   const cudaError_t status = launch_with_group_width(width, {dx, dout, x, gain}, [&](auto group) {
-    rmsnorm_backward_kernel<decltype(group)::value><<<chunk_count(rows), kBackwardThreads, shared_bytes, stream>>>(
+    // One thread per group up to kMaxBackwardThreads (GPT-2's 768 columns: 96 threads), so no
+    // thread idles and more blocks fit on a multiprocessor.
+    const int groups = width / decltype(group)::value;
+    const int threads = std::min(kMaxBackwardThreads, (groups + kWarpSize - 1) / kWarpSize * kWarpSize);
+    rmsnorm_backward_kernel<decltype(group)::value><<<chunk_count(rows), threads, shared_bytes, stream>>>(
         dx, gain_partials, dout, x, gain, rstd, rows, width);
     return cudaGetLastError();
   });
