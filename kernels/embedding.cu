@@ -51,7 +51,8 @@ __global__ void accumulate_token_runs_kernel(float* dtable, const __nv_bfloat16*
   const int token = sorted_tokens[first];
   if (first > 0 && sorted_tokens[first - 1] == token) return;  // not the head of a run
   if (token < 0 || token >= vocab_rows) {
-    if (threadIdx.x == 0) report_device_error(error, kEmbeddingBackwardToken, sorted_positions[first], token, vocab_rows);
+    if (threadIdx.x == 0)
+      report_device_error(error, kEmbeddingBackwardToken, sorted_positions[first], token, vocab_rows);
     return;
   }
   const int groups = width / kWidth;

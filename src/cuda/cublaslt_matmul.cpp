@@ -20,8 +20,8 @@ constexpr std::size_t kWorkspaceBytes = 32u << 20;  // 32 MiB: what cuBLASLt's H
 
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw std::runtime_error(
-      fmt::format("cuBLASLt error in {}: {}: {}", what, cublasLtGetStatusName(status), cublasLtGetStatusString(status)));
+  throw std::runtime_error(fmt::format("cuBLASLt error in {}: {}: {}", what, cublasLtGetStatusName(status),
+                                       cublasLtGetStatusString(status)));
 }
 
 // The largest power of two ≤ 16 that divides the address: cuBLASLt picks faster kernels
@@ -80,8 +80,9 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
   check_cublas(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t first_op = call.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t second_op = call.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &first_op, sizeof(first_op)),
-               "set TRANSA");
+  check_cublas(
+      cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &first_op, sizeof(first_op)),
+      "set TRANSA");
   check_cublas(
       cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &second_op, sizeof(second_op)),
       "set TRANSB");

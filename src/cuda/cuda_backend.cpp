@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -94,7 +93,8 @@ class CudaBackend final : public Backend {
     // Non-blocking: the legacy default stream, which libraries may use, never serialises with ours.
     POPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     POPE_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(DeviceErrorRecord)));
-    POPE_CUDA_CHECK(cudaMemset(device_error_, 0, sizeof(DeviceErrorRecord)));
+    // On our stream: a plain cudaMemset runs on the legacy stream, which ours does not wait for.
+    POPE_CUDA_CHECK(cudaMemsetAsync(device_error_, 0, sizeof(DeviceErrorRecord), stream_));
     POPE_CUDA_CHECK(cudaMalloc(&sum_result_, sizeof(double)));
     // Created only now, so that whatever they allocate lands on this backend's device.
     matmul_ = std::make_unique<cuda::CublasLtMatmul>();
@@ -131,16 +131,19 @@ class CudaBackend final : public Backend {
   void fill(Tensor t, double value) override {
     check_vector("fill", "t", t, t.dtype, t.numel());
     const std::size_t count = static_cast<std::size_t>(t.numel());
+    cudaError_t status = cudaSuccess;
     switch (t.dtype) {
-      case DType::f32: launched(kernels::fill_f32(t.as<float>(), count, float(value), stream_), "fill"); return;
-      case DType::f64: launched(kernels::fill_f64(t.as<double>(), count, value, stream_), "fill"); return;
-      case DType::i32: launched(kernels::fill_i32(t.as<std::int32_t>(), count, std::int32_t(value), stream_), "fill"); return;
-      case DType::u16: launched(kernels::fill_u16(t.as<std::uint16_t>(), count, std::uint16_t(value), stream_), "fill"); return;
-      case DType::bf16:
-        launched(kernels::fill_u16(static_cast<std::uint16_t*>(t.data), count, cpu::float_to_bf16(float(value)), stream_),
-                 "fill");
-        return;
+      case DType::f32: status = kernels::fill_f32(t.as<float>(), count, float(value), stream_); break;
+      case DType::f64: status = kernels::fill_f64(t.as<double>(), count, value, stream_); break;
+      case DType::i32: status = kernels::fill_i32(t.as<std::int32_t>(), count, std::int32_t(value), stream_); break;
+      case DType::u16: status = kernels::fill_u16(t.as<std::uint16_t>(), count, std::uint16_t(value), stream_); break;
+      case DType::bf16: {
+        const std::uint16_t bits = cpu::float_to_bf16(float(value));
+        status = kernels::fill_u16(static_cast<std::uint16_t*>(t.data), count, bits, stream_);
+        break;
+      }
     }
+    launched(status, "fill");
   }
 
   void copy(Tensor dst, Tensor src) override {
@@ -173,7 +176,8 @@ class CudaBackend final : public Backend {
 
   void copy_to_host(void* dst, Tensor src) override {
     check_vector("copy_to_host", "src", src, src.dtype, src.numel());
-    if (src.nbytes() > 0) POPE_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    if (src.nbytes() > 0)
+      POPE_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     synchronize();
   }
 
@@ -191,8 +195,8 @@ class CudaBackend final : public Backend {
     check_vector(op, "tokens", tokens, DType::i32, rows);
     check_matrix(op, "out", out, DType::bf16, rows, width);
     check_sizes(op, {rows, width, wte.dim(0)});
-    launched(kernels::embedding_forward(bf16_data(out), tokens.as<std::int32_t>(), bf16_data(wte), int(rows), int(width),
-                                        int(wte.dim(0)), device_error_, stream_),
+    launched(kernels::embedding_forward(bf16_data(out), tokens.as<std::int32_t>(), bf16_data(wte), int(rows),
+                                        int(width), int(wte.dim(0)), device_error_, stream_),
              op);
   }
 

@@ -48,8 +48,9 @@ void check_floating(std::string_view op, std::string_view name, const Tensor& t)
 }
 
 void check_int_range(std::string_view op, std::string_view what, std::int64_t value) {
-  require(value <= std::numeric_limits<int>::max(), op,
-          fmt::format("{} is {}, more than the CUDA kernels' limit of {}", what, value, std::numeric_limits<int>::max()));
+  require(
+      value <= std::numeric_limits<int>::max(), op,
+      fmt::format("{} is {}, more than the CUDA kernels' limit of {}", what, value, std::numeric_limits<int>::max()));
 }
 
 }  // namespace pope::cuda

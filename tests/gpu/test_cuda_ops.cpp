@@ -65,7 +65,9 @@ class CudaOps : public ::testing::Test {
   Pair ids(const std::vector<std::int32_t>& values) { return {make_ids(*gpu_, values), make_ids(*cpu_, values)}; }
 
   // ‖gpu − cpu‖ / ‖cpu‖ of a pair after the ops ran on both.
-  double error_of(const Pair& p) { return relative_error(download(*gpu_, p.gpu.tensor), download(*cpu_, p.cpu.tensor)); }
+  double error_of(const Pair& p) {
+    return relative_error(download(*gpu_, p.gpu.tensor), download(*cpu_, p.cpu.tensor));
+  }
 
   std::unique_ptr<Backend> gpu_, cpu_;
 };
@@ -141,7 +143,8 @@ TEST_F(CudaOps, RejectsHostTensorsAndWrongDtypes) {
   expect_invalid_argument([&] { gpu_->fill(host.tensor, 1.0); }, "expected CUDA device memory");
   OwnedTensor f32 = allocate_tensor(*gpu_, {4, 4}, DType::f32);
   OwnedTensor bf16 = allocate_tensor(*gpu_, {4, 4}, DType::bf16);
-  expect_invalid_argument([&] { gpu_->matmul(bf16.tensor, f32.tensor, bf16.tensor, false, false); }, "matmul: a is f32");
+  expect_invalid_argument([&] { gpu_->matmul(bf16.tensor, f32.tensor, bf16.tensor, false, false); },
+                          "matmul: a is f32");
   expect_invalid_argument([&] { gpu_->gelu_forward(f32.tensor, bf16.tensor); }, "gelu_forward: out is f32");
   OwnedTensor wide = allocate_tensor(*gpu_, {4, 5}, DType::bf16);
   expect_invalid_argument([&] { gpu_->matmul(bf16.tensor, bf16.tensor, wide.tensor, false, false); },
@@ -335,7 +338,8 @@ TEST_F(CudaMatmul, GptLayerShapes) {
   expect_matmul_matches(rows, 3 * channels, channels, false, false, DType::bf16, 1.0, 0.0, kBf16Tolerance);  // dy·W
   expect_matmul_matches(3 * channels, rows, channels, true, false, DType::f32, 1.0, 1.0, 1e-4);  // dW += dyᵀ·x
   // The same product twice reuses the cached plan and gives the same bits.
-  OwnedTensor a = make_tensor(*gpu_, {rows, channels}, DType::bf16, random_bf16_values(std::size_t(rows * channels), 1));
+  OwnedTensor a =
+      make_tensor(*gpu_, {rows, channels}, DType::bf16, random_bf16_values(std::size_t(rows * channels), 1));
   OwnedTensor w = make_tensor(*gpu_, {channels, channels}, DType::bf16,
                               random_bf16_values(std::size_t(channels * channels), 2));
   std::vector<std::vector<double>> runs;
