@@ -120,7 +120,10 @@ class CudaBackend final : public Backend {
   Buffer allocate(std::size_t bytes) override {
     void* memory = nullptr;
     POPE_CUDA_CHECK(cudaMalloc(&memory, bytes == 0 ? 1 : bytes));
-    const cudaError_t zeroed = cudaMemsetAsync(memory, 0, bytes, stream_);
+    // Zeroed before returning, so that work on any stream (a communicator's, say) sees zeros;
+    // allocation happens at setup, where a synchronisation costs nothing.
+    cudaError_t zeroed = cudaMemsetAsync(memory, 0, bytes, stream_);
+    if (zeroed == cudaSuccess) zeroed = cudaStreamSynchronize(stream_);
     if (zeroed != cudaSuccess) {
       cudaFree(memory);
       POPE_CUDA_CHECK(zeroed);
