@@ -109,7 +109,7 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
   check_cublas(cublasLtMatmulAlgoGetHeuristic(handle_, plan->operation, plan->first, plan->second, plan->output,
                                               plan->output, preference.get(), 1, &heuristic, &found),
                "cublasLtMatmulAlgoGetHeuristic");
-  if (found == 0)
+  if (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(fmt::format(
         "matmul: cuBLASLt has no algorithm for out [{}, {}] ({}) = op(a) [{}, {}]{} · op(b) [{}, {}]{} with beta {}",
         call.m, call.n, call.out_is_f32 ? "f32" : "bf16", call.m, call.k, call.transpose_a ? " (a transposed)" : "",
