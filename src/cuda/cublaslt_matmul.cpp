@@ -1,0 +1,129 @@
+// cuBLASLt works on column-major matrices. A row-major [R, C] matrix is the column-major
+// [C, R] matrix, its transpose, so the row-major product out = op(a) · op(b) is computed as
+// the column-major outᵀ = op(b)ᵀ · op(a)ᵀ: cuBLASLt's first operand is our b (transposed
+// when transpose_b), its second our a (transposed when transpose_a), and its m, n are our
+// n, m. Descriptors, layouts and the heuristic's algorithm are built once per PlanKey and
+// reused, so a training step only enqueues cublasLtMatmul calls.
+#include "cuda/cublaslt_matmul.hpp"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "cuda/cuda_check.hpp"
+
+namespace pope::cuda {
+
+namespace {
+
+constexpr std::size_t kWorkspaceBytes = 32u << 20;  // 32 MiB: what cuBLASLt's Hopper kernels ask for at most
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw std::runtime_error(fmt::format("cuBLASLt error in {}: {}: {}", what, cublasLtGetStatusName(status),
+                                       cublasLtGetStatusString(status)));
+}
+
+// The largest power of two ≤ 16 that divides the address: cuBLASLt picks faster kernels
+// for 16-byte aligned operands and must be told when they are not.
+int alignment_bytes(const void* pointer) {
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  int alignment = 16;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  check_cublas(cublasLtMatrixLayoutCreate(&layout, type, static_cast<std::uint64_t>(rows),
+                                          static_cast<std::uint64_t>(cols), rows),
+               "cublasLtMatrixLayoutCreate");
+  return layout;
+}
+
+}  // namespace
+
+struct CublasLtMatmul::Plan {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, output = nullptr;  // our b, our a, out
+  cublasLtMatmulAlgo_t algorithm{};
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    // Destroy calls only fail for null descriptors; nothing useful to do about it here.
+    if (output) cublasLtMatrixLayoutDestroy(output);
+    if (second) cublasLtMatrixLayoutDestroy(second);
+    if (first) cublasLtMatrixLayoutDestroy(first);
+    if (operation) cublasLtMatmulDescDestroy(operation);
+  }
+};
+
+CublasLtMatmul::CublasLtMatmul() {
+  check_cublas(cublasLtCreate(&handle_), "cublasLtCreate");
+  POPE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+}
+
+CublasLtMatmul::~CublasLtMatmul() {
+  plans_.clear();
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
+  const PlanKey key{call.m,          call.n,    call.k, call.transpose_a, call.transpose_b, call.out_is_f32,
+                    call.beta != 0.0f, alignment_bytes(call.a), alignment_bytes(call.b), alignment_bytes(call.out)};
+  if (auto found = plans_.find(key); found != plans_.end()) return *found->second;
+
+  auto plan = std::make_unique<Plan>();
+  check_cublas(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t first_op = call.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t second_op = call.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_cublas(
+      cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &first_op, sizeof(first_op)),
+      "set TRANSA");
+  check_cublas(
+      cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &second_op, sizeof(second_op)),
+      "set TRANSB");
+  // Stored (column-major) shapes: b is [n, k] unless transposed ([k, n]); a is [k, m] unless
+  // transposed ([m, k]); out is [n, m].
+  plan->first = make_layout(CUDA_R_16BF, call.transpose_b ? call.k : call.n, call.transpose_b ? call.n : call.k);
+  plan->second = make_layout(CUDA_R_16BF, call.transpose_a ? call.m : call.k, call.transpose_a ? call.k : call.m);
+  plan->output = make_layout(call.out_is_f32 ? CUDA_R_32F : CUDA_R_16BF, call.n, call.m);
+
+  cublasLtMatmulPreference_t raw_preference = nullptr;
+  check_cublas(cublasLtMatmulPreferenceCreate(&raw_preference), "cublasLtMatmulPreferenceCreate");
+  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> preference(
+      raw_preference, &cublasLtMatmulPreferenceDestroy);
+  auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, auto value, const char* name) {
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference.get(), attribute, &value, sizeof(value)), name);
+  };
+  prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kWorkspaceBytes}, "set MAX_WORKSPACE_BYTES");
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, std::uint32_t(alignment_bytes(call.b)), "set MIN_ALIGNMENT_A");
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, std::uint32_t(alignment_bytes(call.a)), "set MIN_ALIGNMENT_B");
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, std::uint32_t(alignment_bytes(call.out)), "set MIN_ALIGNMENT_C");
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, std::uint32_t(alignment_bytes(call.out)), "set MIN_ALIGNMENT_D");
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  check_cublas(cublasLtMatmulAlgoGetHeuristic(handle_, plan->operation, plan->first, plan->second, plan->output,
+                                              plan->output, preference.get(), 1, &heuristic, &found),
+               "cublasLtMatmulAlgoGetHeuristic");
+  if (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(fmt::format(
+        "matmul: cuBLASLt has no algorithm for out [{}, {}] ({}) = op(a) [{}, {}]{} · op(b) [{}, {}]{} with beta {}",
+        call.m, call.n, call.out_is_f32 ? "f32" : "bf16", call.m, call.k, call.transpose_a ? " (a transposed)" : "",
+        call.k, call.n, call.transpose_b ? " (b transposed)" : "", call.beta));
+  plan->algorithm = heuristic.algo;
+  return *plans_.emplace(key, std::move(plan)).first->second;
+}
+
+void CublasLtMatmul::run(const GemmCall& call, cudaStream_t stream) {
+  const Plan& plan = plan_for(call);
+  check_cublas(cublasLtMatmul(handle_, plan.operation, &call.alpha, call.b, plan.first, call.a, plan.second, &call.beta,
+                              call.out, plan.output, call.out, plan.output, &plan.algorithm, workspace_,
+                              kWorkspaceBytes, stream),
+               "cublasLtMatmul");
+}
+
+}  // namespace pope::cuda

@@ -1,0 +1,52 @@
+// Row-major GEMMs on the GPU through cuBLASLt: bf16 operands, fp32 accumulation
+// (CUBLAS_COMPUTE_32F), bf16 or f32 output (f32 with beta = 1 accumulates weight gradients).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace pope::cuda {
+
+// out[M, N] = alpha · op(a) · op(b) + beta · out, all row-major and contiguous:
+// a is [M, K] ([K, M] when transpose_a), b is [K, N] ([N, K] when transpose_b).
+struct GemmCall {
+  void* out = nullptr;
+  bool out_is_f32 = false;  // else bf16
+  const void* a = nullptr;  // bf16
+  const void* b = nullptr;  // bf16
+  std::int64_t m = 0, n = 0, k = 0;
+  bool transpose_a = false, transpose_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+class CublasLtMatmul {
+ public:
+  CublasLtMatmul();
+  ~CublasLtMatmul();
+  CublasLtMatmul(const CublasLtMatmul&) = delete;
+  CublasLtMatmul& operator=(const CublasLtMatmul&) = delete;
+
+  // Enqueues the product on `stream`. Shapes must already be validated (m, n, k > 0).
+  // Throws std::runtime_error when cuBLASLt has no algorithm for the problem or fails.
+  void run(const GemmCall& call, cudaStream_t stream);
+
+ private:
+  // Everything that changes the descriptors or the algorithm cuBLASLt picks: shape,
+  // transposes, output dtype, whether C is read (beta ≠ 0) and the pointers' alignments.
+  using PlanKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, bool, int, int, int>;
+  struct Plan;
+
+  const Plan& plan_for(const GemmCall& call);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace pope::cuda

@@ -1,0 +1,454 @@
+// The CUDA backend: device memory, one stream, and the ops as kernel launches (kernels/)
+// and cuBLASLt GEMMs. Every op validates its tensors on the host first, then enqueues work
+// on the stream without synchronising, so a step can be captured in a CUDA graph; scratch
+// memory grows on first use and is reused.
+#include "cuda/cuda_backend.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "adamw.cuh"
+#include "convert.cuh"
+#include "cpu/cpu_ops.hpp"
+#include "cross_entropy.cuh"
+#include "cuda/cublaslt_matmul.hpp"
+#include "cuda/cuda_attention.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_device.hpp"
+#include "cuda/cuda_tensor_checks.hpp"
+#include "cuda/device_scratch.hpp"
+#include "device_error.cuh"
+#include "elementwise.cuh"
+#include "embedding.cuh"
+#include "fill.cuh"
+#include "reduce.cuh"
+#include "rmsnorm.cuh"
+
+namespace pope {
+
+namespace {
+
+using cuda::check_2d;
+using cuda::check_floating;
+using cuda::check_int_range;
+using cuda::check_matrix;
+using cuda::check_vector;
+using cuda::require;
+using kernels::DeviceErrorRecord;
+
+__nv_bfloat16* bf16_data(const Tensor& t) { return static_cast<__nv_bfloat16*>(t.data); }
+
+kernels::FloatKind float_kind(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return kernels::FloatKind::f32;
+    case DType::f64: return kernels::FloatKind::f64;
+    default: return kernels::FloatKind::bf16;  // callers have checked for a floating dtype
+  }
+}
+
+// Rows and width of an activation [..., width] (every leading dimension counts as rows).
+struct RowsWidth {
+  std::int64_t rows, width;
+};
+RowsWidth rows_and_width(std::string_view op, const Tensor& x) {
+  require(!x.shape.empty(), op, "x has no dimensions, expected [rows, channels]");
+  const std::int64_t width = x.shape.back();
+  return {width == 0 ? 0 : x.numel() / width, width};
+}
+
+// Splits segments into AdamW chunks of at most kAdamWChunkElements, in arena order.
+std::vector<kernels::AdamWChunk> adamw_chunks(std::span<const ParamSegment> segments) {
+  std::vector<kernels::AdamWChunk> chunks;
+  for (const ParamSegment& segment : segments)
+    for (std::int64_t begin = 0; begin < segment.numel; begin += kernels::kAdamWChunkElements)
+      chunks.push_back({segment.offset + begin,
+                        static_cast<int>(std::min<std::int64_t>(kernels::kAdamWChunkElements, segment.numel - begin)),
+                        segment.weight_decay ? 1 : 0});
+  return chunks;
+}
+
+bool same_segments(std::span<const ParamSegment> a, std::span<const ParamSegment> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const ParamSegment& x, const ParamSegment& y) {
+    return x.offset == y.offset && x.numel == y.numel && x.weight_decay == y.weight_decay;
+  });
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index) {
+    const int count = cuda_device_count();
+    if (device_index < 0 || device_index >= count)
+      throw std::runtime_error(fmt::format("cuda backend: device index {} is not among the {} visible CUDA device{}",
+                                           device_index, count, count == 1 ? "" : "s"));
+    POPE_CUDA_CHECK(cudaSetDevice(device_index));
+    cudaDeviceProp properties{};
+    POPE_CUDA_CHECK(cudaGetDeviceProperties(&properties, device_index));
+    description_ = fmt::format("cuda ({}, sm_{}{}, bf16)", properties.name, properties.major, properties.minor);
+    // Non-blocking: the legacy default stream, which libraries may use, never serialises with ours.
+    POPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    POPE_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(DeviceErrorRecord)));
+    // On our stream: a plain cudaMemset runs on the legacy stream, which ours does not wait for.
+    POPE_CUDA_CHECK(cudaMemsetAsync(device_error_, 0, sizeof(DeviceErrorRecord), stream_));
+    POPE_CUDA_CHECK(cudaMalloc(&sum_result_, sizeof(double)));
+    // Created only now, so that whatever they allocate lands on this backend's device.
+    matmul_ = std::make_unique<cuda::CublasLtMatmul>();
+    attention_ = std::make_unique<cuda::AttentionRunner>();
+  }
+
+  ~CudaBackend() override {
+    // Destructors must not throw: finish queued work, then release, ignoring errors.
+    cudaStreamSynchronize(stream_);
+    attention_.reset();
+    matmul_.reset();
+    cudaFree(sum_result_);
+    cudaFree(device_error_);
+    cudaStreamDestroy(stream_);
+  }
+
+  DeviceKind device() const override { return DeviceKind::cuda; }
+  BackendDTypes dtypes() const override { return {DType::bf16, DType::f32, DType::f32}; }
+  std::string description() const override { return description_; }
+
+  // ---- memory ---------------------------------------------------------------------------
+
+  Buffer allocate(std::size_t bytes) override {
+    void* memory = nullptr;
+    POPE_CUDA_CHECK(cudaMalloc(&memory, bytes == 0 ? 1 : bytes));
+    // Zeroed before returning, so that work on any stream (a communicator's, say) sees zeros;
+    // allocation happens at setup, where a synchronisation costs nothing.
+    cudaError_t zeroed = cudaMemsetAsync(memory, 0, bytes, stream_);
+    if (zeroed == cudaSuccess) zeroed = cudaStreamSynchronize(stream_);
+    if (zeroed != cudaSuccess) {
+      cudaFree(memory);
+      POPE_CUDA_CHECK(zeroed);
+    }
+    return Buffer(memory, [](void* p) { cudaFree(p); });  // a deleter cannot throw
+  }
+
+  void fill(Tensor t, double value) override {
+    check_vector("fill", "t", t, t.dtype, t.numel());
+    const std::size_t count = static_cast<std::size_t>(t.numel());
+    cudaError_t status = cudaSuccess;
+    switch (t.dtype) {
+      case DType::f32: status = kernels::fill_f32(t.as<float>(), count, float(value), stream_); break;
+      case DType::f64: status = kernels::fill_f64(t.as<double>(), count, value, stream_); break;
+      case DType::i32: status = kernels::fill_i32(t.as<std::int32_t>(), count, std::int32_t(value), stream_); break;
+      case DType::u16: status = kernels::fill_u16(t.as<std::uint16_t>(), count, std::uint16_t(value), stream_); break;
+      case DType::bf16: {
+        const std::uint16_t bits = cpu::float_to_bf16(float(value));
+        status = kernels::fill_u16(static_cast<std::uint16_t*>(t.data), count, bits, stream_);
+        break;
+      }
+    }
+    launched(status, "fill");
+  }
+
+  void copy(Tensor dst, Tensor src) override {
+    require(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy",
+            fmt::format("dst is {} {}, src is {} {}; expected the same dtype and element count", dtype_name(dst.dtype),
+                        shape_string(dst.shape), dtype_name(src.dtype), shape_string(src.shape)));
+    check_vector("copy", "dst", dst, dst.dtype, dst.numel());
+    check_vector("copy", "src", src, src.dtype, src.numel());
+    if (dst.nbytes() > 0)
+      POPE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void convert(Tensor dst, Tensor src) override {
+    check_floating("convert", "dst", dst);
+    check_floating("convert", "src", src);
+    require(dst.numel() == src.numel(), "convert",
+            fmt::format("dst has {} elements, src {}; expected the same count", dst.numel(), src.numel()));
+    launched(kernels::convert(dst.data, float_kind(dst.dtype), src.data, float_kind(src.dtype),
+                              static_cast<std::size_t>(dst.numel()), stream_),
+             "convert");
+  }
+
+  // The host memory may be reused as soon as these return, so both wait for the copy.
+  void copy_from_host(Tensor dst, const void* src) override {
+    check_vector("copy_from_host", "dst", dst, dst.dtype, dst.numel());
+    if (dst.nbytes() == 0) return;
+    POPE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+    POPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void copy_to_host(void* dst, Tensor src) override {
+    check_vector("copy_to_host", "src", src, src.dtype, src.numel());
+    if (src.nbytes() > 0)
+      POPE_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  }
+
+  void synchronize() override {
+    POPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    raise_device_errors();
+  }
+
+  // ---- embedding --------------------------------------------------------------------------
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte) override {
+    constexpr std::string_view op = "embedding_forward";
+    check_2d(op, "wte", wte, DType::bf16);
+    const std::int64_t rows = tokens.numel(), width = wte.dim(1);
+    check_vector(op, "tokens", tokens, DType::i32, rows);
+    check_matrix(op, "out", out, DType::bf16, rows, width);
+    check_sizes(op, {rows, width, wte.dim(0)});
+    launched(kernels::embedding_forward(bf16_data(out), tokens.as<std::int32_t>(), bf16_data(wte), int(rows),
+                                        int(width), int(wte.dim(0)), device_error_, stream_),
+             op);
+  }
+
+  void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens) override {
+    constexpr std::string_view op = "embedding_backward";
+    check_2d(op, "dwte", dwte, DType::f32);
+    const std::int64_t rows = tokens.numel(), width = dwte.dim(1);
+    check_vector(op, "tokens", tokens, DType::i32, rows);
+    check_matrix(op, "dout", dout, DType::bf16, rows, width);
+    check_sizes(op, {rows, width, dwte.dim(0)});
+    std::size_t scratch_bytes = 0;
+    launched(kernels::embedding_backward_scratch_bytes(int(rows), &scratch_bytes), op);
+    void* scratch = embedding_scratch_.reserve(scratch_bytes);
+    launched(kernels::embedding_backward(dwte.as<float>(), bf16_data(dout), tokens.as<std::int32_t>(), int(rows),
+                                         int(width), int(dwte.dim(0)), scratch, scratch_bytes, device_error_, stream_),
+             op);
+  }
+
+  // ---- rmsnorm ------------------------------------------------------------------------------
+
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor gain, double eps) override {
+    constexpr std::string_view op = "rmsnorm_forward";
+    const auto [rows, width] = rows_and_width(op, x);
+    check_matrix(op, "x", x, DType::bf16, rows, width);
+    check_vector(op, "gain", gain, DType::bf16, width);
+    check_matrix(op, "out", out, DType::bf16, rows, width);
+    check_vector(op, "rstd", rstd, DType::f32, rows);
+    require(eps >= 0.0, op, fmt::format("eps is {}, expected >= 0", eps));
+    check_sizes(op, {rows, width});
+    launched(kernels::rmsnorm_forward(bf16_data(out), rstd.as<float>(), bf16_data(x), bf16_data(gain), int(rows),
+                                      int(width), float(eps), stream_),
+             op);
+  }
+
+  void rmsnorm_backward(Tensor dx, Tensor dgain, Tensor dout, Tensor x, Tensor gain, Tensor rstd) override {
+    constexpr std::string_view op = "rmsnorm_backward";
+    const auto [rows, width] = rows_and_width(op, x);
+    check_matrix(op, "x", x, DType::bf16, rows, width);
+    check_matrix(op, "dout", dout, DType::bf16, rows, width);
+    check_matrix(op, "dx", dx, DType::bf16, rows, width);
+    check_vector(op, "gain", gain, DType::bf16, width);
+    check_vector(op, "dgain", dgain, DType::f32, width);
+    check_vector(op, "rstd", rstd, DType::f32, rows);
+    require(width <= kernels::kRmsnormMaxWidth, op,
+            fmt::format("x has {} channels, more than the CUDA kernel's {}", width, kernels::kRmsnormMaxWidth));
+    require(rows == 0 || (dx.data != dout.data && dx.data != x.data), op,
+            "dx aliases dout or x; it accumulates and must be a separate tensor");
+    check_sizes(op, {rows, width});
+    const std::size_t scratch_bytes = kernels::rmsnorm_backward_scratch_bytes(int(rows), int(width));
+    void* scratch = rmsnorm_scratch_.reserve(scratch_bytes);
+    launched(kernels::rmsnorm_backward(bf16_data(dx), dgain.as<float>(), bf16_data(dout), bf16_data(x), bf16_data(gain),
+                                       rstd.as<float>(), int(rows), int(width), scratch, scratch_bytes, stream_),
+             op);
+  }
+
+  // ---- matmul -------------------------------------------------------------------------------
+
+  void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha, double beta) override {
+    constexpr std::string_view op = "matmul";
+    check_2d(op, "a", a, DType::bf16);
+    check_2d(op, "b", b, DType::bf16);
+    require(out.dtype == DType::bf16 || out.dtype == DType::f32, op,
+            fmt::format("out is {}, expected bf16 or f32", dtype_name(out.dtype)));
+    check_2d(op, "out", out, out.dtype);
+    const std::int64_t m = a.dim(transpose_a ? 1 : 0), k = a.dim(transpose_a ? 0 : 1);
+    const std::int64_t k_b = b.dim(transpose_b ? 1 : 0), n = b.dim(transpose_b ? 0 : 1);
+    require(k == k_b && out.dim(0) == m && out.dim(1) == n, op,
+            fmt::format("op(a) is [{}, {}] (a {}{}), op(b) is [{}, {}] (b {}{}), out {}; expected [M, K]·[K, N] = [M, N]",
+                        m, k, shape_string(a.shape), transpose_a ? "ᵀ" : "", k_b, n, shape_string(b.shape),
+                        transpose_b ? "ᵀ" : "", shape_string(out.shape)));
+    if (m == 0 || n == 0) return;
+    require(k > 0, op, fmt::format("the inner dimension K is 0 (a {}, b {}); the CUDA backend needs K > 0",
+                                   shape_string(a.shape), shape_string(b.shape)));
+    cuda::GemmCall call;
+    call.out = out.data;
+    call.out_is_f32 = out.dtype == DType::f32;
+    call.a = a.data;
+    call.b = b.data;
+    call.m = m;
+    call.n = n;
+    call.k = k;
+    call.transpose_a = transpose_a;
+    call.transpose_b = transpose_b;
+    call.alpha = float(alpha);
+    call.beta = float(beta);
+    matmul_->run(call, stream_);
+  }
+
+  // ---- elementwise --------------------------------------------------------------------------
+
+  void gelu_forward(Tensor out, Tensor x) override {
+    check_vector("gelu_forward", "x", x, DType::bf16, x.numel());
+    check_vector("gelu_forward", "out", out, DType::bf16, x.numel());
+    launched(kernels::gelu_forward(bf16_data(out), bf16_data(x), std::size_t(x.numel()), stream_), "gelu_forward");
+  }
+
+  void gelu_backward(Tensor dx, Tensor dout, Tensor x) override {
+    check_vector("gelu_backward", "x", x, DType::bf16, x.numel());
+    check_vector("gelu_backward", "dout", dout, DType::bf16, x.numel());
+    check_vector("gelu_backward", "dx", dx, DType::bf16, x.numel());
+    launched(kernels::gelu_backward(bf16_data(dx), bf16_data(dout), bf16_data(x), std::size_t(x.numel()), stream_),
+             "gelu_backward");
+  }
+
+  void add(Tensor out, Tensor a, Tensor b) override {
+    check_vector("add", "a", a, DType::bf16, a.numel());
+    check_vector("add", "b", b, DType::bf16, a.numel());
+    check_vector("add", "out", out, DType::bf16, a.numel());
+    launched(kernels::add(bf16_data(out), bf16_data(a), bf16_data(b), std::size_t(a.numel()), stream_), "add");
+  }
+
+  // ---- attention (the attention runner's kernels) ---------------------------------------------
+
+  void attention_forward(const AttentionForward& args) override { attention_->forward(args, stream_); }
+  void attention_backward(const AttentionBackward& args) override { attention_->backward(args, stream_); }
+
+  // ---- classifier and optimizer -------------------------------------------------------------
+
+  void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
+                     double grad_scale) override {
+    constexpr std::string_view op = "cross_entropy";
+    check_2d(op, "logits", logits, DType::bf16);
+    const std::int64_t rows = logits.dim(0), padded = logits.dim(1);
+    require(vocab_size > 0 && vocab_size <= padded, op,
+            fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
+    check_vector(op, "targets", targets, DType::i32, rows);
+    check_vector(op, "losses", losses, DType::f32, rows);
+    check_sizes(op, {rows, padded});
+    launched(kernels::cross_entropy(losses.as<float>(), bf16_data(logits), targets.as<std::int32_t>(), int(rows),
+                                    int(padded), vocab_size, compute_grad, float(grad_scale), device_error_, stream_),
+             op);
+  }
+
+  double sum_of_squares(Tensor x) override {
+    check_vector("sum_of_squares", "x", x, DType::f32, x.numel());
+    void* scratch = sum_scratch_.reserve(kernels::sum_of_squares_scratch_bytes());
+    launched(kernels::sum_of_squares(sum_result_, x.as<float>(), std::size_t(x.numel()), scratch, sum_scratch_.bytes(),
+                                     stream_),
+             "sum_of_squares");
+    double result = 0.0;
+    POPE_CUDA_CHECK(cudaMemcpyAsync(&result, sum_result_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+    return result;
+  }
+
+  void adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+             const AdamWStep& step, Tensor compute_copy) override {
+    constexpr std::string_view op = "adamw";
+    const std::int64_t total = params.numel();
+    check_vector(op, "params", params, DType::f32, total);
+    check_vector(op, "grads", grads, DType::f32, total);
+    check_vector(op, "m", m, DType::f32, total);
+    check_vector(op, "v", v, DType::f32, total);
+    if (!compute_copy.empty()) check_vector(op, "compute_copy", compute_copy, DType::bf16, total);
+    require(step.step >= 1, op, fmt::format("step is {}, expected >= 1 (1-based for bias correction)", step.step));
+    require(step.beta1 >= 0 && step.beta1 < 1 && step.beta2 >= 0 && step.beta2 < 1, op,
+            fmt::format("beta1 {} and beta2 {} must lie in [0, 1)", step.beta1, step.beta2));
+    for (std::size_t i = 0; i < segments.size(); ++i)
+      require(segments[i].offset >= 0 && segments[i].numel >= 0 && segments[i].offset + segments[i].numel <= total, op,
+              fmt::format("segment {} covers [{}, {}), outside the arena's {} elements", i, segments[i].offset,
+                          segments[i].offset + segments[i].numel, total));
+    upload_adamw_chunks(segments);
+
+    // The same fp32 scalars, computed the same way, as the CPU reference's float backend.
+    kernels::AdamWScalars s{};
+    s.lr = float(step.lr);
+    s.beta1 = float(step.beta1);
+    s.beta2 = float(step.beta2);
+    s.eps = float(step.eps);
+    s.one_minus_beta1 = 1 - s.beta1;
+    s.one_minus_beta2 = 1 - s.beta2;
+    s.grad_scale = float(step.grad_scale);
+    s.correction1 = float(1 - std::pow(step.beta1, double(step.step)));
+    s.correction2 = float(1 - std::pow(step.beta2, double(step.step)));
+    s.decay = s.lr * float(step.weight_decay);
+    launched(kernels::adamw(params.as<float>(), grads.as<float>(), m.as<float>(), v.as<float>(),
+                            compute_copy.empty() ? nullptr : bf16_data(compute_copy),
+                            static_cast<const kernels::AdamWChunk*>(adamw_chunk_table_.data()), adamw_chunk_count_,
+                            s, stream_),
+             op);
+  }
+
+ private:
+  // Turns a launcher's status into an exception naming the op.
+  static void launched(cudaError_t status, std::string_view op) {
+    if (status != cudaSuccess)
+      throw std::runtime_error(fmt::format("{}: CUDA launch failed: {}: {}", op, cudaGetErrorName(status),
+                                           cudaGetErrorString(status)));
+  }
+
+  // The kernels index rows and columns with int.
+  static void check_sizes(std::string_view op, std::initializer_list<std::int64_t> sizes) {
+    for (std::int64_t size : sizes) check_int_range(op, "a dimension", size);
+  }
+
+  // The chunk table lives on the device and is rebuilt only when the segments change.
+  void upload_adamw_chunks(std::span<const ParamSegment> segments) {
+    if (adamw_table_valid_ && same_segments(segments, adamw_segments_)) return;
+    const std::vector<kernels::AdamWChunk> chunks = adamw_chunks(segments);
+    check_int_range("adamw", "the number of 64Ki-element chunks", std::int64_t(chunks.size()));
+    void* table = adamw_chunk_table_.reserve(chunks.size() * sizeof(kernels::AdamWChunk));
+    if (!chunks.empty()) {
+      POPE_CUDA_CHECK(cudaMemcpyAsync(table, chunks.data(), chunks.size() * sizeof(kernels::AdamWChunk),
+                                      cudaMemcpyHostToDevice, stream_));
+      POPE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `chunks` dies at return
+    }
+    adamw_segments_.assign(segments.begin(), segments.end());
+    adamw_chunk_count_ = static_cast<int>(chunks.size());
+    adamw_table_valid_ = true;
+  }
+
+  // Reads the record kernels fill on bad device-side input (after the stream has drained),
+  // clears it and throws naming the op, the index and the value.
+  void raise_device_errors() {
+    DeviceErrorRecord record{};
+    POPE_CUDA_CHECK(cudaMemcpyAsync(&record, device_error_, sizeof(record), cudaMemcpyDeviceToHost, stream_));
+    POPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (record.op == kernels::kNoDeviceError) return;
+    POPE_CUDA_CHECK(cudaMemsetAsync(device_error_, 0, sizeof(record), stream_));
+    POPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    switch (record.op) {
+      case kernels::kEmbeddingForwardToken:
+      case kernels::kEmbeddingBackwardToken:
+        cuda::fail(record.op == kernels::kEmbeddingForwardToken ? "embedding_forward" : "embedding_backward",
+                   fmt::format("tokens[{}] = {} is outside the embedding table's {} rows (found on the GPU)",
+                               record.index, record.value, record.limit));
+      case kernels::kCrossEntropyTarget:
+        cuda::fail("cross_entropy", fmt::format("targets[{}] = {} is not below vocab_size {} (negative targets mean "
+                                                "masked; found on the GPU)",
+                                                record.index, record.value, record.limit));
+      default:
+        cuda::fail("cuda backend", fmt::format("a kernel reported unknown error code {}", record.op));
+    }
+  }
+
+  std::string description_;
+  cudaStream_t stream_ = nullptr;
+  DeviceErrorRecord* device_error_ = nullptr;
+  double* sum_result_ = nullptr;
+  std::unique_ptr<cuda::CublasLtMatmul> matmul_;
+  std::unique_ptr<cuda::AttentionRunner> attention_;
+  cuda::DeviceScratch embedding_scratch_, rmsnorm_scratch_, sum_scratch_, adamw_chunk_table_;
+  std::vector<ParamSegment> adamw_segments_;
+  int adamw_chunk_count_ = 0;
+  bool adamw_table_valid_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+
+}  // namespace pope

@@ -1,0 +1,532 @@
+// The CUDA backend's ops (all but attention) against the CPU reference backend on the same
+// random inputs: bf16 paths within ‖out − ref‖/‖ref‖ < 1e-2, fp32 paths far tighter; every
+// output poisoned with NaN first; sizes that are not multiples of any tile or vector width;
+// accumulation semantics on non-zero starting values; bitwise determinism where promised;
+// and errors for bad arguments. Reports SKIPPED on machines without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/cpu_backend.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_device.hpp"
+#include "cuda_op_test_support.hpp"
+
+using namespace pope;
+using pope::test::download;
+using pope::test::make_ids;
+using pope::test::make_tensor;
+using pope::test::poison;
+using pope::test::random_bf16_values;
+using pope::test::relative_error;
+
+namespace {
+
+constexpr double kBf16Tolerance = 1e-2;  // one bf16 rounding per output is ≈ 2e-3
+
+// Runs `action` and expects std::invalid_argument whose message contains `text`.
+void expect_invalid_argument(const std::function<void()>& action, const std::string& text) {
+  try {
+    action();
+    ADD_FAILURE() << "expected std::invalid_argument containing \"" << text << "\"";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
+  }
+}
+
+std::vector<std::int32_t> random_ids(std::size_t count, int limit, std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::uniform_int_distribution<int> pick(0, limit - 1);
+  std::vector<std::int32_t> ids(count);
+  for (auto& id : ids) id = pick(engine);
+  return ids;
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    gpu_ = make_cuda_backend(0);
+    cpu_ = make_cpu_backend("float", 0);
+  }
+
+  // The same values on both backends: `gpu_dtype` (bf16 or f32) on the GPU, f32 on the CPU.
+  struct Pair {
+    OwnedTensor gpu, cpu;
+  };
+  Pair pair(const Shape& shape, DType gpu_dtype, const std::vector<float>& values) {
+    return {make_tensor(*gpu_, shape, gpu_dtype, values), make_tensor(*cpu_, shape, DType::f32, values)};
+  }
+  Pair ids(const std::vector<std::int32_t>& values) { return {make_ids(*gpu_, values), make_ids(*cpu_, values)}; }
+
+  // ‖gpu − cpu‖ / ‖cpu‖ of a pair after the ops ran on both.
+  double error_of(const Pair& p) {
+    return relative_error(download(*gpu_, p.gpu.tensor), download(*cpu_, p.cpu.tensor));
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+};
+
+TEST_F(CudaOps, DescribesDeviceAndDtypes) {
+  EXPECT_EQ(gpu_->description().rfind("cuda (", 0), 0u) << gpu_->description();
+  EXPECT_NE(gpu_->description().find("sm_"), std::string::npos) << gpu_->description();
+  EXPECT_EQ(gpu_->device(), DeviceKind::cuda);
+  EXPECT_EQ(gpu_->dtypes().activation, DType::bf16);
+  EXPECT_EQ(gpu_->dtypes().parameter, DType::f32);
+  EXPECT_EQ(gpu_->dtypes().statistic, DType::f32);
+  EXPECT_THROW(make_cuda_backend(cuda_device_count()), std::runtime_error);
+}
+
+TEST_F(CudaOps, AllocateZeroesAndFillWritesEveryDtype) {
+  OwnedTensor raw = allocate_tensor(*gpu_, {1001}, DType::u16);
+  std::vector<std::uint16_t> bits(1001, 0xFFFF);
+  gpu_->copy_to_host(bits.data(), raw.tensor);
+  for (std::size_t i = 0; i < bits.size(); ++i) ASSERT_EQ(bits[i], 0) << "element " << i;
+
+  gpu_->fill(raw.tensor, 9.0);
+  gpu_->copy_to_host(bits.data(), raw.tensor);
+  for (auto b : bits) ASSERT_EQ(b, 9);
+  OwnedTensor halves = allocate_tensor(*gpu_, {1001}, DType::bf16);
+  gpu_->fill(halves.tensor, -1.0);
+  gpu_->copy_to_host(bits.data(), halves.tensor);
+  for (auto b : bits) ASSERT_EQ(b, 0xBF80);  // bf16 −1
+  OwnedTensor ints = allocate_tensor(*gpu_, {1001}, DType::i32);
+  gpu_->fill(ints.tensor, 7.0);
+  std::vector<std::int32_t> int_values(1001);
+  gpu_->copy_to_host(int_values.data(), ints.tensor);
+  for (auto v : int_values) ASSERT_EQ(v, 7);
+  for (DType dtype : {DType::f32, DType::f64}) {
+    OwnedTensor t = allocate_tensor(*gpu_, {1001}, dtype);
+    gpu_->fill(t.tensor, -3.25);
+    for (double v : download(*gpu_, t.tensor)) ASSERT_EQ(v, -3.25) << dtype_name(dtype);
+  }
+}
+
+TEST_F(CudaOps, CopyAndConvertBetweenFloatDtypes) {
+  // Raw normal floats (not bf16-representable) exercise the rounding to bf16.
+  std::mt19937_64 engine(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> values(1001);
+  for (float& v : values) v = normal(engine);
+  OwnedTensor f32 = make_tensor(*gpu_, {1001}, DType::f32, values);
+  OwnedTensor bf16 = allocate_tensor(*gpu_, {1001}, DType::bf16);
+  OwnedTensor f64 = allocate_tensor(*gpu_, {7, 143}, DType::f64);
+  OwnedTensor back = allocate_tensor(*gpu_, {1001}, DType::f32);
+  for (const OwnedTensor* t : {&bf16, &f64, &back}) poison(*gpu_, t->tensor);
+
+  gpu_->convert(bf16.tensor, f32.tensor);
+  gpu_->convert(f64.tensor, f32.tensor);
+  gpu_->convert(back.tensor, bf16.tensor);
+  const std::vector<double> rounded = download(*gpu_, bf16.tensor), wide = download(*gpu_, f64.tensor),
+                            narrow = download(*gpu_, back.tensor);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const double expected_bf16 = cpu::bf16_to_float(cpu::float_to_bf16(values[i]));
+    ASSERT_EQ(rounded[i], expected_bf16) << "element " << i;
+    ASSERT_EQ(wide[i], double(values[i])) << "element " << i;
+    ASSERT_EQ(narrow[i], expected_bf16) << "element " << i;
+  }
+
+  OwnedTensor copied = allocate_tensor(*gpu_, {1001}, DType::f32);
+  poison(*gpu_, copied.tensor);
+  gpu_->copy(copied.tensor, f32.tensor);
+  EXPECT_EQ(download(*gpu_, copied.tensor), download(*gpu_, f32.tensor));
+  expect_invalid_argument([&] { gpu_->copy(f64.tensor, f32.tensor); }, "copy");
+}
+
+TEST_F(CudaOps, RejectsHostTensorsAndWrongDtypes) {
+  OwnedTensor host = allocate_tensor(*cpu_, {4}, DType::f32);
+  expect_invalid_argument([&] { gpu_->fill(host.tensor, 1.0); }, "expected CUDA device memory");
+  OwnedTensor f32 = allocate_tensor(*gpu_, {4, 4}, DType::f32);
+  OwnedTensor bf16 = allocate_tensor(*gpu_, {4, 4}, DType::bf16);
+  expect_invalid_argument([&] { gpu_->matmul(bf16.tensor, f32.tensor, bf16.tensor, false, false); },
+                          "matmul: a is f32");
+  expect_invalid_argument([&] { gpu_->gelu_forward(f32.tensor, bf16.tensor); }, "gelu_forward: out is f32");
+  OwnedTensor wide = allocate_tensor(*gpu_, {4, 5}, DType::bf16);
+  expect_invalid_argument([&] { gpu_->matmul(bf16.tensor, bf16.tensor, wide.tensor, false, false); },
+                          "expected [M, K]·[K, N] = [M, N]");
+}
+
+TEST_F(CudaOps, EmbeddingForwardGathersRowsExactly) {
+  const int vocab = 101, rows = 300;
+  for (int width : {72, 37}) {  // 16-byte row copies, and element copies
+    SCOPED_TRACE(width);
+    Pair table = pair({vocab, width}, DType::bf16, random_bf16_values(std::size_t(vocab) * width, 1));
+    Pair tokens = ids(random_ids(rows, vocab, 2));
+    Pair out = pair({rows, width}, DType::bf16, std::vector<float>(std::size_t(rows) * width, 0.0f));
+    poison(*gpu_, out.gpu.tensor);
+    gpu_->embedding_forward(out.gpu.tensor, tokens.gpu.tensor, table.gpu.tensor);
+    cpu_->embedding_forward(out.cpu.tensor, tokens.cpu.tensor, table.cpu.tensor);
+    EXPECT_EQ(download(*gpu_, out.gpu.tensor), download(*cpu_, out.cpu.tensor));
+  }
+}
+
+TEST_F(CudaOps, EmbeddingBackwardAccumulatesLikeCpu) {
+  const int vocab = 61, rows = 700;
+  // Skewed ids: token 3 appears in a long run, the rest spread; token vocab-1 never appears.
+  std::vector<std::int32_t> token_ids = random_ids(rows, vocab - 1, 3);
+  for (int n = 0; n < rows; n += 3) token_ids[std::size_t(n)] = 3;
+  for (int width : {72, 37}) {  // 16-byte groups, and single elements
+    SCOPED_TRACE(width);
+    Pair tokens = ids(token_ids);
+    Pair dout = pair({rows, width}, DType::bf16, random_bf16_values(std::size_t(rows) * width, 4));
+    const std::vector<float> initial = random_bf16_values(std::size_t(vocab) * width, 5);
+    Pair dtable = pair({vocab, width}, DType::f32, initial);
+    gpu_->embedding_backward(dtable.gpu.tensor, dout.gpu.tensor, tokens.gpu.tensor);
+    cpu_->embedding_backward(dtable.cpu.tensor, dout.cpu.tensor, tokens.cpu.tensor);
+    EXPECT_LT(error_of(dtable), 1e-5);
+    const std::vector<double> result = download(*gpu_, dtable.gpu.tensor);
+    for (int c = 0; c < width; ++c)
+      EXPECT_EQ(result[std::size_t(vocab - 1) * width + c], initial[std::size_t(vocab - 1) * width + c]) << c;
+  }
+}
+
+TEST_F(CudaOps, EmbeddingBackwardIsBitwiseDeterministic) {
+  const int vocab = 50, width = 768, rows = 4096;
+  OwnedTensor tokens = make_ids(*gpu_, random_ids(rows, vocab, 6));
+  OwnedTensor dout = make_tensor(*gpu_, {rows, width}, DType::bf16, random_bf16_values(std::size_t(rows) * width, 7));
+  const std::vector<float> initial = random_bf16_values(std::size_t(vocab) * width, 8);
+  std::vector<std::vector<double>> results;
+  for (int run = 0; run < 2; ++run) {
+    OwnedTensor dtable = make_tensor(*gpu_, {vocab, width}, DType::f32, initial);
+    gpu_->embedding_backward(dtable.tensor, dout.tensor, tokens.tensor);
+    results.push_back(download(*gpu_, dtable.tensor));
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_NE(results[0], std::vector<double>(initial.begin(), initial.end()));
+}
+
+TEST_F(CudaOps, BadTokenIdsAreReportedAtTheNextSynchronisation) {
+  const int vocab = 101, width = 16;
+  OwnedTensor table = make_tensor(*gpu_, {vocab, width}, DType::bf16, random_bf16_values(vocab * width, 9));
+  std::vector<std::int32_t> token_ids = random_ids(10, vocab, 10);
+  token_ids[5] = 500;
+  OwnedTensor tokens = make_ids(*gpu_, token_ids);
+  OwnedTensor out = allocate_tensor(*gpu_, {10, width}, DType::bf16);
+  gpu_->embedding_forward(out.tensor, tokens.tensor, table.tensor);
+  expect_invalid_argument([&] { gpu_->synchronize(); }, "tokens[5] = 500");
+  EXPECT_NO_THROW(gpu_->synchronize());  // reported once, then cleared
+
+  token_ids[5] = 1;
+  token_ids[7] = -4;
+  OwnedTensor negative = make_ids(*gpu_, token_ids);
+  OwnedTensor dtable = allocate_tensor(*gpu_, {vocab, width}, DType::f32);
+  OwnedTensor dout = make_tensor(*gpu_, {10, width}, DType::bf16, random_bf16_values(10 * width, 11));
+  gpu_->embedding_backward(dtable.tensor, dout.tensor, negative.tensor);
+  expect_invalid_argument([&] { gpu_->synchronize(); }, "tokens[7] = -4");
+}
+
+TEST_F(CudaOps, RmsnormForwardMatchesCpu) {
+  for (auto [rows, width] : {std::pair{67, 203}, std::pair{64, 768}}) {  // element and 16-byte paths
+    SCOPED_TRACE(width);
+    Pair x = pair({rows, width}, DType::bf16, random_bf16_values(std::size_t(rows) * width, 12, 2.0f));
+    std::vector<float> gain_values = random_bf16_values(std::size_t(width), 13, 0.2f);
+    for (float& g : gain_values) g = cpu::bf16_to_float(cpu::float_to_bf16(1.0f + g));
+    Pair gain = pair({width}, DType::bf16, gain_values);
+    Pair out = pair({rows, width}, DType::bf16, std::vector<float>(std::size_t(rows) * width, 0.0f));
+    Pair rstd = pair({rows}, DType::f32, std::vector<float>(std::size_t(rows), 0.0f));
+    poison(*gpu_, out.gpu.tensor);
+    poison(*gpu_, rstd.gpu.tensor);
+    gpu_->rmsnorm_forward(out.gpu.tensor, rstd.gpu.tensor, x.gpu.tensor, gain.gpu.tensor, 1e-5);
+    cpu_->rmsnorm_forward(out.cpu.tensor, rstd.cpu.tensor, x.cpu.tensor, gain.cpu.tensor, 1e-5);
+    EXPECT_LT(error_of(out), kBf16Tolerance);
+    EXPECT_LT(error_of(rstd), 1e-5);
+  }
+}
+
+// The backward's inputs: x, gain, dout and the forward's rstd (computed on the CPU and given
+// to both backends); dx and dgain start from non-zero values, since both accumulate.
+TEST_F(CudaOps, RmsnormBackwardAccumulatesLikeCpu) {
+  for (auto [rows, width] : {std::pair{100, 300}, std::pair{64, 768}}) {  // element and 16-byte paths
+    SCOPED_TRACE(width);
+    const std::size_t count = std::size_t(rows) * width;
+    Pair x = pair({rows, width}, DType::bf16, random_bf16_values(count, 14, 2.0f));
+    Pair gain = pair({width}, DType::bf16, random_bf16_values(std::size_t(width), 15));
+    Pair dout = pair({rows, width}, DType::bf16, random_bf16_values(count, 16));
+    OwnedTensor out_cpu = allocate_tensor(*cpu_, {rows, width}, DType::f32);
+    OwnedTensor rstd_cpu = allocate_tensor(*cpu_, {rows}, DType::f32);
+    cpu_->rmsnorm_forward(out_cpu.tensor, rstd_cpu.tensor, x.cpu.tensor, gain.cpu.tensor, 1e-5);
+    const std::vector<double> rstd_values = download(*cpu_, rstd_cpu.tensor);
+    Pair rstd = pair({rows}, DType::f32, std::vector<float>(rstd_values.begin(), rstd_values.end()));
+    Pair dx = pair({rows, width}, DType::bf16, random_bf16_values(count, 17));
+    Pair dgain = pair({width}, DType::f32, random_bf16_values(std::size_t(width), 18));
+
+    gpu_->rmsnorm_backward(dx.gpu.tensor, dgain.gpu.tensor, dout.gpu.tensor, x.gpu.tensor, gain.gpu.tensor,
+                           rstd.gpu.tensor);
+    cpu_->rmsnorm_backward(dx.cpu.tensor, dgain.cpu.tensor, dout.cpu.tensor, x.cpu.tensor, gain.cpu.tensor,
+                           rstd.cpu.tensor);
+    EXPECT_LT(error_of(dx), kBf16Tolerance);
+    EXPECT_LT(error_of(dgain), 1e-4);
+  }
+}
+
+TEST_F(CudaOps, RmsnormBackwardIsBitwiseDeterministic) {
+  const int rows = 1000, width = 768;
+  const std::size_t count = std::size_t(rows) * width;
+  OwnedTensor x = make_tensor(*gpu_, {rows, width}, DType::bf16, random_bf16_values(count, 19));
+  OwnedTensor gain = make_tensor(*gpu_, {width}, DType::bf16, random_bf16_values(std::size_t(width), 20));
+  OwnedTensor dout = make_tensor(*gpu_, {rows, width}, DType::bf16, random_bf16_values(count, 21));
+  OwnedTensor out = allocate_tensor(*gpu_, {rows, width}, DType::bf16);
+  OwnedTensor rstd = allocate_tensor(*gpu_, {rows}, DType::f32);
+  gpu_->rmsnorm_forward(out.tensor, rstd.tensor, x.tensor, gain.tensor, 1e-5);
+  std::vector<std::vector<double>> dx_runs, dgain_runs;
+  for (int run = 0; run < 2; ++run) {
+    OwnedTensor dx = make_tensor(*gpu_, {rows, width}, DType::bf16, random_bf16_values(count, 22));
+    OwnedTensor dgain = make_tensor(*gpu_, {width}, DType::f32, random_bf16_values(std::size_t(width), 23));
+    gpu_->rmsnorm_backward(dx.tensor, dgain.tensor, dout.tensor, x.tensor, gain.tensor, rstd.tensor);
+    dx_runs.push_back(download(*gpu_, dx.tensor));
+    dgain_runs.push_back(download(*gpu_, dgain.tensor));
+  }
+  EXPECT_EQ(dx_runs[0], dx_runs[1]);
+  EXPECT_EQ(dgain_runs[0], dgain_runs[1]);
+}
+
+TEST_F(CudaOps, RmsnormBackwardRefusesDxAliasingDout) {
+  OwnedTensor t = allocate_tensor(*gpu_, {4, 8}, DType::bf16);
+  OwnedTensor gain = allocate_tensor(*gpu_, {8}, DType::bf16);
+  OwnedTensor dgain = allocate_tensor(*gpu_, {8}, DType::f32);
+  OwnedTensor rstd = allocate_tensor(*gpu_, {4}, DType::f32);
+  OwnedTensor x = allocate_tensor(*gpu_, {4, 8}, DType::bf16);
+  expect_invalid_argument(
+      [&] { gpu_->rmsnorm_backward(t.tensor, dgain.tensor, t.tensor, x.tensor, gain.tensor, rstd.tensor); },
+      "dx aliases");
+}
+
+class CudaMatmul : public CudaOps {
+ protected:
+  // Compares out = alpha · op(a) · op(b) + beta · out with the CPU, out starting non-zero
+  // (NaN-poisoned when beta is 0). `a_row_offset` > 0 takes a as a view starting that many rows
+  // into a larger tensor, so its pointer is not 16-byte aligned.
+  void expect_matmul_matches(std::int64_t m, std::int64_t k, std::int64_t n, bool transpose_a, bool transpose_b,
+                             DType out_dtype, double alpha, double beta, double tolerance, int a_row_offset = 0) {
+    SCOPED_TRACE(::testing::Message() << "m " << m << " k " << k << " n " << n << " ta " << transpose_a << " tb "
+                                      << transpose_b << " out " << dtype_name(out_dtype) << " beta " << beta);
+    const std::int64_t a_rows = transpose_a ? k : m, a_cols = transpose_a ? m : k;
+    const std::int64_t b_rows = transpose_b ? n : k, b_cols = transpose_b ? k : n;
+    Pair a_full = pair({a_rows + a_row_offset, a_cols}, DType::bf16,
+                       random_bf16_values(std::size_t((a_rows + a_row_offset) * a_cols), seed_++));
+    Pair b = pair({b_rows, b_cols}, DType::bf16, random_bf16_values(std::size_t(b_rows * b_cols), seed_++));
+    Pair out = pair({m, n}, out_dtype, random_bf16_values(std::size_t(m * n), seed_++));
+    if (beta == 0.0) poison(*gpu_, out.gpu.tensor);
+    const Tensor a_gpu = a_full.gpu.tensor.rows(a_row_offset, a_row_offset + a_rows);
+    const Tensor a_cpu = a_full.cpu.tensor.rows(a_row_offset, a_row_offset + a_rows);
+    gpu_->matmul(out.gpu.tensor, a_gpu, b.gpu.tensor, transpose_a, transpose_b, alpha, beta);
+    cpu_->matmul(out.cpu.tensor, a_cpu, b.cpu.tensor, transpose_a, transpose_b, alpha, beta);
+    EXPECT_LT(error_of(out), tolerance);
+  }
+  std::uint64_t seed_ = 100;
+};
+
+TEST_F(CudaMatmul, EveryTransposeAtOddSizes) {
+  for (bool transpose_a : {false, true})
+    for (bool transpose_b : {false, true}) {
+      expect_matmul_matches(37, 53, 71, transpose_a, transpose_b, DType::bf16, 1.0, 0.0, kBf16Tolerance);
+      // f32 output accumulating (the weight-gradient path), with alpha ≠ 1.
+      expect_matmul_matches(37, 53, 71, transpose_a, transpose_b, DType::f32, 0.5, 1.0, 1e-4);
+      // An operand at an odd address (a row view), as classifier chunks can produce.
+      expect_matmul_matches(37, 53, 71, transpose_a, transpose_b, DType::bf16, 1.0, 0.0, kBf16Tolerance, 1);
+    }
+}
+
+TEST_F(CudaMatmul, GptLayerShapes) {
+  const std::int64_t rows = 256, channels = 768;
+  expect_matmul_matches(rows, channels, 3 * channels, false, true, DType::bf16, 1.0, 0.0, kBf16Tolerance);  // x·Wᵀ
+  expect_matmul_matches(rows, 3 * channels, channels, false, false, DType::bf16, 1.0, 0.0, kBf16Tolerance);  // dy·W
+  expect_matmul_matches(3 * channels, rows, channels, true, false, DType::f32, 1.0, 1.0, 1e-4);  // dW += dyᵀ·x
+  // The same product twice reuses the cached plan and gives the same bits.
+  OwnedTensor a =
+      make_tensor(*gpu_, {rows, channels}, DType::bf16, random_bf16_values(std::size_t(rows * channels), 1));
+  OwnedTensor w = make_tensor(*gpu_, {channels, channels}, DType::bf16,
+                              random_bf16_values(std::size_t(channels * channels), 2));
+  std::vector<std::vector<double>> runs;
+  for (int run = 0; run < 2; ++run) {
+    OwnedTensor out = allocate_tensor(*gpu_, {rows, channels}, DType::bf16);
+    poison(*gpu_, out.tensor);
+    gpu_->matmul(out.tensor, a.tensor, w.tensor, false, true);
+    runs.push_back(download(*gpu_, out.tensor));
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST_F(CudaOps, GeluAndAddMatchCpuIncludingAliasingAndUnalignedViews) {
+  for (int offset : {0, 1}) {  // 1: every pointer one element past a 16-byte boundary
+    for (std::int64_t n : {std::int64_t(1000003), std::int64_t(4096)}) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << " offset " << offset);
+      const std::size_t total = std::size_t(n + offset);
+      Pair x = pair({n + offset}, DType::bf16, random_bf16_values(total, 24, 2.0f));
+      Pair y = pair({n + offset}, DType::bf16, random_bf16_values(total, 25));
+      Pair out = pair({n + offset}, DType::bf16, std::vector<float>(total, 0.0f));
+      poison(*gpu_, out.gpu.tensor);
+      auto view = [&](const OwnedTensor& t) { return t.tensor.rows(offset, n + offset); };
+
+      gpu_->gelu_forward(view(out.gpu), view(x.gpu));
+      cpu_->gelu_forward(view(out.cpu), view(x.cpu));
+      const auto gelu_gpu = download(*gpu_, view(out.gpu)), gelu_cpu = download(*cpu_, view(out.cpu));
+      EXPECT_LT(relative_error(gelu_gpu, gelu_cpu), kBf16Tolerance);
+
+      // dx aliases dout, as the model calls it.
+      gpu_->gelu_backward(view(y.gpu), view(y.gpu), view(x.gpu));
+      cpu_->gelu_backward(view(y.cpu), view(y.cpu), view(x.cpu));
+      EXPECT_LT(relative_error(download(*gpu_, view(y.gpu)), download(*cpu_, view(y.cpu))), kBf16Tolerance);
+
+      // out aliases a.
+      gpu_->add(view(x.gpu), view(x.gpu), view(out.gpu));
+      cpu_->add(view(x.cpu), view(x.cpu), view(out.cpu));
+      EXPECT_LT(relative_error(download(*gpu_, view(x.gpu)), download(*cpu_, view(x.cpu))), kBf16Tolerance);
+    }
+  }
+}
+
+class CudaCrossEntropy : public CudaOps {
+ protected:
+  // Logits with random values in the padded columns too (they must be ignored), targets with
+  // two masked rows and one at the last real column.
+  void expect_matches_cpu(int rows, int vocab, int padded, bool compute_grad) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows << " vocab " << vocab << " padded " << padded << " grad "
+                                      << compute_grad);
+    const std::vector<float> logit_values = random_bf16_values(std::size_t(rows) * padded, 26, 3.0f);
+    Pair logits = pair({rows, padded}, DType::bf16, logit_values);
+    std::vector<std::int32_t> target_values = random_ids(std::size_t(rows), vocab, 27);
+    target_values[1] = -1;
+    target_values[std::size_t(rows) - 2] = -100;
+    target_values[std::size_t(rows) - 1] = vocab - 1;
+    Pair targets = ids(target_values);
+    Pair losses = pair({rows}, DType::f32, std::vector<float>(std::size_t(rows), 0.0f));
+    poison(*gpu_, losses.gpu.tensor);
+    const double grad_scale = 0.25;
+    gpu_->cross_entropy(losses.gpu.tensor, logits.gpu.tensor, targets.gpu.tensor, vocab, compute_grad, grad_scale);
+    cpu_->cross_entropy(losses.cpu.tensor, logits.cpu.tensor, targets.cpu.tensor, vocab, compute_grad, grad_scale);
+    EXPECT_LT(error_of(losses), 1e-5);
+    const std::vector<double> loss_values = download(*gpu_, losses.gpu.tensor);
+    EXPECT_EQ(loss_values[1], 0.0);
+    EXPECT_EQ(loss_values[std::size_t(rows) - 2], 0.0);
+
+    const std::vector<double> result = download(*gpu_, logits.gpu.tensor);
+    if (!compute_grad) {
+      EXPECT_EQ(result, std::vector<double>(logit_values.begin(), logit_values.end())) << "logits were modified";
+      return;
+    }
+    EXPECT_LT(relative_error(result, download(*cpu_, logits.cpu.tensor)), kBf16Tolerance);
+    for (int n = 0; n < rows; ++n) {
+      const bool masked = target_values[std::size_t(n)] < 0;
+      for (int c = masked ? 0 : vocab; c < padded; ++c)
+        ASSERT_EQ(result[std::size_t(n) * padded + c], 0.0) << "row " << n << " column " << c;
+    }
+  }
+};
+
+TEST_F(CudaCrossEntropy, PaddedVocabularyAndMaskedTargets) {
+  expect_matches_cpu(33, 1000, 1024, false);
+  expect_matches_cpu(33, 1000, 1024, true);
+  expect_matches_cpu(5, 37, 37, true);  // no padding, a width below the block size
+}
+
+TEST_F(CudaCrossEntropy, Gpt2Vocabulary) { expect_matches_cpu(6, 50257, 50304, true); }
+
+TEST_F(CudaCrossEntropy, TargetBeyondVocabularyIsReported) {
+  OwnedTensor logits = make_tensor(*gpu_, {4, 128}, DType::bf16, random_bf16_values(4 * 128, 28));
+  OwnedTensor targets = make_ids(*gpu_, {1, 2, 1000, 3});
+  OwnedTensor losses = allocate_tensor(*gpu_, {4}, DType::f32);
+  gpu_->cross_entropy(losses.tensor, logits.tensor, targets.tensor, 100, true, 1.0);
+  expect_invalid_argument([&] { gpu_->synchronize(); }, "targets[2] = 1000");
+  expect_invalid_argument([&] { gpu_->cross_entropy(losses.tensor, logits.tensor, targets.tensor, 129, true, 1.0); },
+                          "vocab_size is 129");
+}
+
+TEST_F(CudaOps, SumOfSquaresMatchesCpuAndIsBitwiseDeterministic) {
+  for (std::int64_t n : {std::int64_t(5), std::int64_t(3000017)}) {
+    SCOPED_TRACE(n);
+    std::mt19937_64 engine(29);
+    std::normal_distribution<float> normal(0.0f, 1e-2f);
+    std::vector<float> values(static_cast<std::size_t>(n));
+    for (float& v : values) v = normal(engine);
+    Pair x = pair({n}, DType::f32, values);
+    const double gpu_sum = gpu_->sum_of_squares(x.gpu.tensor);
+    const double cpu_sum = cpu_->sum_of_squares(x.cpu.tensor);
+    EXPECT_NEAR(gpu_sum, cpu_sum, 1e-10 * cpu_sum);  // one missed element would be ≈ 3e-7
+    EXPECT_EQ(gpu_->sum_of_squares(x.gpu.tensor), gpu_sum);  // bitwise
+  }
+}
+
+class CudaAdamW : public CudaOps {
+ protected:
+  static constexpr std::int64_t kTotal = 200000;
+  // Segments with padding gaps between them, an empty one, and some longer than one 64Ki chunk.
+  std::vector<ParamSegment> gapped_segments() const {
+    return {{0, 70000, true}, {70016, 5, false}, {70032, 0, true}, {70048, 100000, true}, {170048, 29000, false}};
+  }
+
+  void SetUp() override {
+    CudaOps::SetUp();
+    if (IsSkipped()) return;
+    std::vector<float> second = random_bf16_values(kTotal, 33, 1e-2f);
+    for (float& s : second) s = s * s;  // v ≥ 0
+    params_ = pair({kTotal}, DType::f32, random_bf16_values(kTotal, 30));
+    grads_ = pair({kTotal}, DType::f32, random_bf16_values(kTotal, 31));
+    m_ = pair({kTotal}, DType::f32, random_bf16_values(kTotal, 32, 0.1f));
+    v_ = pair({kTotal}, DType::f32, second);
+    compute_ = allocate_tensor(*gpu_, {kTotal}, DType::bf16);
+  }
+
+  void step_both(std::span<const ParamSegment> segments, const AdamWStep& step) {
+    gpu_->adamw(params_.gpu.tensor, grads_.gpu.tensor, m_.gpu.tensor, v_.gpu.tensor, segments, step, compute_.tensor);
+    cpu_->adamw(params_.cpu.tensor, grads_.cpu.tensor, m_.cpu.tensor, v_.cpu.tensor, segments, step, Tensor{});
+  }
+
+  Pair params_, grads_, m_, v_;
+  OwnedTensor compute_;
+};
+
+TEST_F(CudaAdamW, MatchesCpuAndLeavesPaddingAlone) {
+  const std::vector<double> params_before = download(*gpu_, params_.gpu.tensor);
+  const std::vector<double> m_before = download(*gpu_, m_.gpu.tensor);
+  poison(*gpu_, compute_.tensor);
+  AdamWStep step;
+  step.lr = 1e-3;
+  step.weight_decay = 0.1;
+  step.step = 3;
+  step.grad_scale = 0.7;
+  const std::vector<ParamSegment> segments = gapped_segments();
+  step_both(segments, step);
+  EXPECT_LT(error_of(params_), 1e-6);
+  EXPECT_LT(error_of(m_), 1e-6);
+  EXPECT_LT(error_of(v_), 1e-6);
+
+  const std::vector<double> params_after = download(*gpu_, params_.gpu.tensor);
+  const std::vector<double> m_after = download(*gpu_, m_.gpu.tensor);
+  const std::vector<double> compute = download(*gpu_, compute_.tensor);
+  std::vector<bool> covered(kTotal, false);
+  for (const ParamSegment& s : segments) std::fill_n(covered.begin() + s.offset, s.numel, true);
+  for (std::int64_t i = 0; i < kTotal; ++i) {
+    const std::size_t k = std::size_t(i);
+    if (covered[k]) {
+      ASSERT_EQ(compute[k], cpu::bf16_to_float(cpu::float_to_bf16(float(params_after[k])))) << "element " << i;
+    } else {
+      ASSERT_EQ(params_after[k], params_before[k]) << "padding element " << i;
+      ASSERT_EQ(m_after[k], m_before[k]) << "padding element " << i;
+      ASSERT_TRUE(std::isnan(compute[k])) << "padding element " << i << " of the compute copy was written";
+    }
+  }
+
+  // A different segment list must not reuse the cached chunk table.
+  const std::vector<ParamSegment> whole = {{0, kTotal, false}};
+  step.step = 4;
+  step_both(whole, step);
+  EXPECT_LT(error_of(params_), 1e-6);
+  EXPECT_LT(error_of(v_), 1e-6);
+}
+
+TEST_F(CudaAdamW, RejectsSegmentsOutsideTheArenaAndBadSteps) {
+  AdamWStep step;
+  const std::vector<ParamSegment> outside = {{kTotal - 10, 11, false}};
+  expect_invalid_argument([&] { step_both(outside, step); }, "segment 0 covers");
+  step.step = 0;
+  const std::vector<ParamSegment> fine = {{0, 10, false}};
+  expect_invalid_argument([&] { step_both(fine, step); }, "step is 0");
+}
+
+}  // namespace
