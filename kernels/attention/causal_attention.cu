@@ -16,6 +16,9 @@ namespace {
 
 using namespace row_tiles;
 
+static_assert(kMaxAttentionSeqLen <= kRowsPerBlock * 65535, "row blocks must fit grid.y");
+static_assert(kMaxAttentionWidth <= kWarpSize * kMaxPerLane, "register rows must hold the widest q/k row");
+
 // Pointers into one (batch, head) and its score function.
 struct Head {
   int b, h, bh;
@@ -94,21 +97,22 @@ __global__ void __launch_bounds__(kThreads)
   if (lane_id() == 0) lse[head.statistic_index(t)] = running_max + logf(running_sum);
 }
 
-// D_t = <dout_t, out_t>, one warp per row of [B, H, T].
+// D_t = <dout_t, out_t>, one thread per row of [B, H, T]. The sum runs over channels in the
+// same order and with the same fmaf chain as the kernels' <dout_t, v_s>, so that where out_t
+// equals v_s (a row attending to one key) dP − D cancels exactly, as it does on the CPU.
 __global__ void row_dot_kernel(AttentionDims dims, const __nv_bfloat16* out, const __nv_bfloat16* dout,
                                float* row_dot) {
   const int T = dims.seq_len, d = dims.head_dim, H = dims.n_head;
   const std::int64_t rows = std::int64_t(dims.batch) * H * T;
-  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   const std::int64_t channels = std::int64_t(H) * d;
-  for (std::int64_t r = std::int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + warp_id(); r < rows; r += warps) {
+  for (std::int64_t r = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += std::int64_t(gridDim.x) * blockDim.x) {
     const int t = int(r % T);
     const std::int64_t bh = r / T, b = bh / H, h = bh % H;
     const std::int64_t offset = (b * T + t) * channels + h * d;
     float sum = 0.0f;
-    for (int c = lane_id(); c < d; c += kWarpSize) sum += to_float(dout[offset + c]) * to_float(out[offset + c]);
-    sum = warp_sum(sum);
-    if (lane_id() == 0) row_dot[r] = sum;
+    for (int c = 0; c < d; ++c) sum = fmaf(to_float(dout[offset + c]), to_float(out[offset + c]), sum);
+    row_dot[r] = sum;
   }
 }
 
@@ -235,10 +239,9 @@ dim3 row_grid(const AttentionDims& dims) {
 }
 
 bool supported(const AttentionDims& dims) {
-  const std::int64_t row_blocks = (std::int64_t(dims.seq_len) + kRowsPerBlock - 1) / kRowsPerBlock;
   return dims.batch > 0 && dims.seq_len > 0 && dims.n_head > 0 && dims.head_dim > 0 &&
-         dims.head_dim <= dims.qk_width && dims.qk_width <= kMaxAttentionWidth && row_blocks <= 65535 &&
-         std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff;
+         dims.head_dim <= dims.qk_width && dims.qk_width <= kMaxAttentionWidth &&
+         dims.seq_len <= kMaxAttentionSeqLen && std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff;
 }
 
 std::size_t floats_bytes(std::size_t count) { return count * sizeof(float); }
@@ -262,7 +265,7 @@ cudaError_t causal_attention_backward(const AttentionDims& dims, const EncodedAt
 
   constexpr int kRowDotThreads = 256;
   const std::int64_t rows = std::int64_t(dims.batch) * dims.n_head * dims.seq_len;
-  const std::int64_t row_dot_blocks = (rows + kRowDotThreads / kWarpSize - 1) / (kRowDotThreads / kWarpSize);
+  const std::int64_t row_dot_blocks = (rows + kRowDotThreads - 1) / kRowDotThreads;
   row_dot_kernel<<<unsigned(row_dot_blocks < 65535 ? row_dot_blocks : 65535), kRowDotThreads, 0, stream>>>(
       dims, grads.out, grads.dout, grads.row_dot);
   cudaError_t status = cudaGetLastError();

@@ -11,8 +11,9 @@
 
 namespace pope::kernels {
 
-// Largest qk_width (and head_dim) the kernels support.
+// Largest qk_width (and head_dim) and sequence length the kernels support.
 constexpr int kMaxAttentionWidth = 512;
+constexpr int kMaxAttentionSeqLen = 16 * 65535;  // grid y: one 16-row block per index
 
 // What the score kernels read.
 struct EncodedAttention {

@@ -109,6 +109,9 @@ AttentionDims check_call(std::string_view op, const AttentionShape& shape, const
   require(ctx.seq_len == shape.seq_len && ctx.n_head == shape.n_head && ctx.head_dim == shape.head_dim, op,
           fmt::format("position context says seq_len {}, n_head {}, head_dim {}; the call's shape says {}, {}, {}",
                       ctx.seq_len, ctx.n_head, ctx.head_dim, shape.seq_len, shape.n_head, shape.head_dim));
+  require(shape.seq_len <= kernels::kMaxAttentionSeqLen, op,
+          fmt::format("seq_len {} exceeds the {} positions the GPU kernels support", shape.seq_len,
+                      kernels::kMaxAttentionSeqLen));
   AttentionDims dims;
   dims.batch = shape.batch;
   dims.seq_len = shape.seq_len;
