@@ -5,6 +5,7 @@
 //               and sums dk̃ and dv.
 // A warp's lanes score its row against the 32 chunk rows at once; the causal mask is the
 // lane test s ≤ t.
+#include <atomic>
 #include <type_traits>
 
 #include "attention/causal_attention.cuh"
@@ -222,15 +223,19 @@ template <class Launch> cudaError_t with_lanes_for(int width, Launch&& launch) {
   return cudaErrorInvalidValue;
 }
 
-// Kernels of this file take over kThreads threads and `shared_bytes` of dynamic shared memory
-// (above the default 48 KiB limit for wide heads).
-template <class... Params, class... Args>
-cudaError_t launch_rows(void (*kernel)(Params...), dim3 grid, std::size_t shared_bytes, cudaStream_t stream,
-                        Args... args) {
-  const cudaError_t status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
-  if (status != cudaSuccess) return status;
-  kernel<<<grid, kThreads, shared_bytes, stream>>>(args...);
+// Launches `kKernel` with kThreads threads and `shared_bytes` of dynamic shared memory. Wide
+// heads need more than the default 48 KiB; the limit is raised only when a launch needs more
+// than before, so steady-state launches (and CUDA graph capture) make no extra API calls.
+template <auto kKernel, class... Args>
+cudaError_t launch_rows(dim3 grid, std::size_t shared_bytes, cudaStream_t stream, Args... args) {
+  static std::atomic<std::size_t> shared_limit{0};
+  if (shared_bytes > shared_limit.load()) {
+    const cudaError_t status =
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
+    if (status != cudaSuccess) return status;
+    shared_limit.store(shared_bytes);
+  }
+  kKernel<<<grid, kThreads, shared_bytes, stream>>>(args...);
   return cudaGetLastError();
 }
 
@@ -254,7 +259,7 @@ cudaError_t causal_attention_forward(const AttentionDims& dims, const EncodedAtt
   const int w = dims.qk_width, d = dims.head_dim;
   const std::size_t shared = floats_bytes(tile_floats(w) + tile_floats(d) + std::size_t(kRowsPerBlock) * w);
   return with_lanes_for(w, [&](auto lanes) {
-    return launch_rows(forward_kernel<decltype(lanes)::value>, row_grid(dims), shared, stream, dims, in, out, lse);
+    return launch_rows<forward_kernel<decltype(lanes)::value>>(row_grid(dims), shared, stream, dims, in, out, lse);
   });
 }
 
@@ -277,9 +282,9 @@ cudaError_t causal_attention_backward(const AttentionDims& dims, const EncodedAt
   return with_lanes_for(w, [&](auto lanes) {
     constexpr int kPerLane = decltype(lanes)::value;
     const cudaError_t query_status =
-        launch_rows(query_grad_kernel<kPerLane>, row_grid(dims), query_shared, stream, dims, in, grads);
+        launch_rows<query_grad_kernel<kPerLane>>(row_grid(dims), query_shared, stream, dims, in, grads);
     if (query_status != cudaSuccess) return query_status;
-    return launch_rows(key_value_grad_kernel<kPerLane>, row_grid(dims), key_shared, stream, dims, in, grads);
+    return launch_rows<key_value_grad_kernel<kPerLane>>(row_grid(dims), key_shared, stream, dims, in, grads);
   });
 }
 

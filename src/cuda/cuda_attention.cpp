@@ -5,7 +5,10 @@
 //   backward: encode q̃, k̃ again → dq̃, dk̃ (f32) and dv → transform backward → dqkv (bf16),
 //             plus the encoding's parameter gradients (PoPE's δ), accumulated in f32.
 // Tables are uploaded only when their values change, so steady-state steps of one shape
-// neither allocate nor copy from the host (a requirement for CUDA graph capture).
+// neither allocate nor copy from the host (a requirement for CUDA graph capture). A captured
+// graph holds the scratch and table pointers: calls of another shape or encoding on the
+// same runner (e.g. evaluation at another length) may grow the scratch or rewrite a table,
+// so give those calls their own runner.
 #include "cuda/cuda_attention.hpp"
 
 #include <fmt/format.h>
