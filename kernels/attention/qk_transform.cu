@@ -15,7 +15,6 @@ constexpr int kMaxBlocks = 65535;
 struct ChannelSite {
   int c;                  // channel of the head, 0..d−1
   int h;
-  std::int64_t n;         // row b·T + t of qkv
   std::int64_t encoded;   // offset of the encoded row ((b·H + h)·T + t)·qk_width
   std::int64_t qkv;       // offset of the head's q or k columns in row n of qkv
   double position;        // absolute position of t
@@ -27,12 +26,12 @@ __device__ ChannelSite site_of(std::int64_t index, const AttentionDims& dims, in
   site.c = int(index % d);
   const std::int64_t head_row = index / d;
   site.h = int(head_row % H);
-  site.n = head_row / H;
-  const std::int64_t b = site.n / T;
-  const int t = int(site.n % T);
+  const std::int64_t n = head_row / H;  // row b·T + t of qkv
+  const std::int64_t b = n / T;
+  const int t = int(n % T);
   const std::int64_t channels = std::int64_t(H) * d;
   site.encoded = ((b * H + site.h) * T + t) * dims.qk_width;
-  site.qkv = site.n * 3 * channels + (is_key ? channels : 0) + std::int64_t(site.h) * d;
+  site.qkv = n * 3 * channels + (is_key ? channels : 0) + std::int64_t(site.h) * d;
   site.position = double(offset) + double(t);
   return site;
 }
