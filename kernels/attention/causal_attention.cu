@@ -23,11 +23,11 @@ static_assert(kMaxAttentionWidth <= kWarpSize * kMaxPerLane, "register rows must
 // Pointers into one (batch, head) and its score function.
 struct Head {
   int b, h, bh;
-  const float* q;                 // q̃ row t at t·qk_width
+  const float* q;  // q̃ row t at t·qk_width
   const float* k;
-  const __nv_bfloat16* v;         // v row s at s·row_stride
-  std::int64_t row_stride;        // 3C
-  std::int64_t channels;          // C
+  const __nv_bfloat16* v;   // v row s at s·row_stride
+  std::int64_t row_stride;  // 3C
+  std::int64_t channels;    // C
   ScoreParams score_params;
   int seq_len;
 
@@ -207,14 +207,15 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!active) return;
   dk.store(grads.dk + head.statistic_index(s) * w, w, head.score_params.scale);
-  const std::int64_t v_offset = (std::int64_t(head.b) * T + s) * head.row_stride + 2 * head.channels +
-                                std::int64_t(head.h) * d;
+  const std::int64_t v_offset =
+      (std::int64_t(head.b) * T + s) * head.row_stride + 2 * head.channels + std::int64_t(head.h) * d;
   dv.store(grads.dqkv + v_offset, d, 1.0f);
 }
 
 // Calls launch(std::integral_constant<int, kPerLane>) with the smallest per-lane register
 // row that holds `width` channels.
-template <class Launch> cudaError_t with_lanes_for(int width, Launch&& launch) {
+template <class Launch>
+cudaError_t with_lanes_for(int width, Launch&& launch) {
   const int lanes = lanes_needed(width);
   if (lanes <= 2) return launch(std::integral_constant<int, 2>{});
   if (lanes <= 4) return launch(std::integral_constant<int, 4>{});
@@ -244,9 +245,9 @@ dim3 row_grid(const AttentionDims& dims) {
 }
 
 bool supported(const AttentionDims& dims) {
-  return dims.batch > 0 && dims.seq_len > 0 && dims.n_head > 0 && dims.head_dim > 0 &&
-         dims.head_dim <= dims.qk_width && dims.qk_width <= kMaxAttentionWidth &&
-         dims.seq_len <= kMaxAttentionSeqLen && std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff;
+  return dims.batch > 0 && dims.seq_len > 0 && dims.n_head > 0 && dims.head_dim > 0 && dims.head_dim <= dims.qk_width &&
+         dims.qk_width <= kMaxAttentionWidth && dims.seq_len <= kMaxAttentionSeqLen &&
+         std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff;
 }
 
 std::size_t floats_bytes(std::size_t count) { return count * sizeof(float); }

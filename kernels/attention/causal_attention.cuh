@@ -17,9 +17,9 @@ constexpr int kMaxAttentionSeqLen = 16 * 65535;  // grid y: one 16-row block per
 
 // What the score kernels read.
 struct EncodedAttention {
-  const float* q = nullptr;              // q̃ [B, H, T, qk_width]
-  const float* k = nullptr;              // k̃ [B, H, T, qk_width]
-  const __nv_bfloat16* qkv = nullptr;    // v from its column block
+  const float* q = nullptr;            // q̃ [B, H, T, qk_width]
+  const float* k = nullptr;            // k̃ [B, H, T, qk_width]
+  const __nv_bfloat16* qkv = nullptr;  // v from its column block
   ScoreParams score;
 };
 
@@ -28,13 +28,13 @@ cudaError_t causal_attention_forward(const AttentionDims& dims, const EncodedAtt
                                      float* lse, cudaStream_t stream);
 
 struct AttentionGradients {
-  const __nv_bfloat16* out = nullptr;    // as written by the forward
+  const __nv_bfloat16* out = nullptr;  // as written by the forward
   const float* lse = nullptr;
-  const __nv_bfloat16* dout = nullptr;   // [B·T, C]
-  float* row_dot = nullptr;              // scratch [B, H, T]: D_t = <dout_t, out_t>
-  float* dq = nullptr;                   // written: dL/dq̃ [B, H, T, qk_width]
-  float* dk = nullptr;                   // written: dL/dk̃
-  __nv_bfloat16* dqkv = nullptr;         // v column block written with dL/dv
+  const __nv_bfloat16* dout = nullptr;  // [B·T, C]
+  float* row_dot = nullptr;             // scratch [B, H, T]: D_t = <dout_t, out_t>
+  float* dq = nullptr;                  // written: dL/dq̃ [B, H, T, qk_width]
+  float* dk = nullptr;                  // written: dL/dk̃
+  __nv_bfloat16* dqkv = nullptr;        // v column block written with dL/dv
 };
 
 // With dS_ts = P_ts (<dout_t, v_s> − D_t): dq̃_t = scale Σ_s dS_ts k̃_s, dk̃_s = scale Σ_t dS_ts q̃_t,

@@ -13,11 +13,11 @@ constexpr int kMaxBlocks = 65535;
 
 // Where one thread's channel lives: head h's q or k columns of row n, and the encoded row.
 struct ChannelSite {
-  int c;                  // channel of the head, 0..d−1
+  int c;  // channel of the head, 0..d−1
   int h;
-  std::int64_t encoded;   // offset of the encoded row ((b·H + h)·T + t)·qk_width
-  std::int64_t qkv;       // offset of the head's q or k columns in row n of qkv
-  double position;        // absolute position of t
+  std::int64_t encoded;  // offset of the encoded row ((b·H + h)·T + t)·qk_width
+  std::int64_t qkv;      // offset of the head's q or k columns in row n of qkv
+  double position;       // absolute position of t
 };
 
 __device__ ChannelSite site_of(std::int64_t index, const AttentionDims& dims, int offset, bool is_key) {
@@ -177,24 +177,23 @@ cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transf
   return cudaGetLastError();
 }
 
-cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform,
-                               const __nv_bfloat16* qkv, const float* dq_encoded, const float* dk_encoded,
-                               __nv_bfloat16* dqkv, cudaStream_t stream) {
+cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                               const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
+                               cudaStream_t stream) {
   const std::int64_t count = channel_count(dims);
   if (count == 0) return cudaSuccess;
   encode_qk_backward_kernel<<<dim3(grid_for(count), 2), kThreads, 0, stream>>>(dims, transform, qkv, dq_encoded,
-                                                                                dk_encoded, dqkv);
+                                                                               dk_encoded, dqkv);
   return cudaGetLastError();
 }
 
-cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform,
-                                const __nv_bfloat16* qkv, const float* dk_encoded, float* delta_grad,
-                                cudaStream_t stream) {
+cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                                const float* dk_encoded, float* delta_grad, cudaStream_t stream) {
   if (transform.kind != QkTransformKind::pope || transform.delta == nullptr) return cudaErrorInvalidValue;
   if (channel_count(dims) == 0) return cudaSuccess;
   const dim3 grid(unsigned(dims.n_head), unsigned((dims.head_dim + kDeltaChannels - 1) / kDeltaChannels));
   pope_delta_gradient_kernel<<<grid, kDeltaChannels * kDeltaWarps, 0, stream>>>(dims, transform, qkv, dk_encoded,
-                                                                              delta_grad);
+                                                                                delta_grad);
   return cudaGetLastError();
 }
 

@@ -15,15 +15,14 @@ cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transf
 
 // Backward of encode_qk: OVERWRITES the q and k column blocks of dqkv with dL/dq, dL/dk
 // from the gradients of q̃ and k̃ (the v block is left alone).
-cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform,
-                               const __nv_bfloat16* qkv, const float* dq_encoded, const float* dk_encoded,
-                               __nv_bfloat16* dqkv, cudaStream_t stream);
+cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                               const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
+                               cudaStream_t stream);
 
 // PoPE: ACCUMULATES dL/dδ [n_head, head_dim] += Σ over batch and positions of the keys'
 // phase gradients, for δ inside [−2π, 0] (zero gradient outside). Deterministic: one block
 // per (head, 32 channels) sums the rows in a fixed order. transform.delta must be set.
-cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform,
-                                const __nv_bfloat16* qkv, const float* dk_encoded, float* delta_grad,
-                                cudaStream_t stream);
+cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                                const float* dk_encoded, float* delta_grad, cudaStream_t stream);
 
 }  // namespace pope::kernels

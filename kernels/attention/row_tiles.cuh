@@ -70,7 +70,8 @@ __device__ inline float warp_sum(float x) {
 
 // Channels lane + 32·i (i < kPerLane) of one row of width ≤ 32·kPerLane, in registers
 // (kPerLane is a compile-time constant so the array stays in registers).
-template <int kPerLane> struct LaneRow {
+template <int kPerLane>
+struct LaneRow {
   float value[kPerLane];
 
   __device__ void clear() {
@@ -96,7 +97,8 @@ template <int kPerLane> struct LaneRow {
     }
   }
   // dst[c] = value · factor for the lane's channels c < width.
-  template <class T> __device__ void store(T* dst, int width, float factor) const {
+  template <class T>
+  __device__ void store(T* dst, int width, float factor) const {
     const int lane = lane_id();
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {

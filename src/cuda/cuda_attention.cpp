@@ -32,6 +32,10 @@ using kernels::AttentionDims;
 using kernels::QkTransformKind;
 using kernels::QkTransformParams;
 
+// The next three helpers have the names, signatures and messages of cuda/device_scratch.hpp
+// and cuda/cuda_tensor_checks.hpp on the cuda-ops branch, so that once both branches are
+// merged they can be replaced by those headers.
+
 // Device memory that only grows.
 class DeviceScratch {
  public:
@@ -42,29 +46,67 @@ class DeviceScratch {
     if (data_) cudaFree(data_);  // no throwing from a destructor; a failure here only leaks
   }
 
-  template <class T> T* reserve(std::size_t count) {
-    const std::size_t bytes = count * sizeof(T);
-    if (bytes > capacity_) {
-      if (data_) POPE_CUDA_CHECK(cudaFree(data_));
-      data_ = nullptr;
-      capacity_ = 0;
-      POPE_CUDA_CHECK(cudaMalloc(&data_, bytes));
-      capacity_ = bytes;
-    }
-    return static_cast<T*>(data_);
+  // At least `bytes` of device memory. Growing frees the old block; cudaFree waits for the
+  // device to finish, so no queued kernel still uses it.
+  void* reserve(std::size_t bytes) {
+    if (bytes <= bytes_ && data_) return data_;
+    if (data_) POPE_CUDA_CHECK(cudaFree(data_));
+    data_ = nullptr;
+    bytes_ = 0;
+    POPE_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 1 : bytes));
+    bytes_ = bytes;
+    return data_;
   }
 
  private:
   void* data_ = nullptr;
-  std::size_t capacity_ = 0;
+  std::size_t bytes_ = 0;
 };
+
+[[noreturn]] void fail(std::string_view op, const std::string& message) {
+  throw std::invalid_argument(fmt::format("{}: {}", op, message));
+}
+
+void require(bool ok, std::string_view op, const std::string& message) {
+  if (!ok) fail(op, message);
+}
+
+std::string describe(const Tensor& t) { return fmt::format("{} {}", dtype_name(t.dtype), shape_string(t.shape)); }
+
+void check_device(std::string_view op, std::string_view name, const Tensor& t) {
+  require(t.device == DeviceKind::cuda, op,
+          fmt::format("{} lives on {}, expected CUDA device memory", name, device_name(t.device)));
+  require(!t.empty() || t.numel() == 0, op, fmt::format("{} ({}) has no data", name, describe(t)));
+}
+
+// A device tensor of `dtype` with `numel` elements.
+void check_vector(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t numel) {
+  check_device(op, name, t);
+  require(t.dtype == dtype && t.numel() == numel, op,
+          fmt::format("{} is {}, expected {} with {} elements", name, describe(t), dtype_name(dtype), numel));
+}
+
+// A device tensor of `dtype` seen as [rows, cols] (its last dimension is cols).
+void check_matrix(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t rows,
+                  std::int64_t cols) {
+  check_device(op, name, t);
+  const bool shape_ok = !t.shape.empty() && t.shape.back() == cols && t.numel() == rows * cols;
+  require(t.dtype == dtype && shape_ok, op,
+          fmt::format("{} is {}, expected {} [{}, {}]", name, describe(t), dtype_name(dtype), rows, cols));
+}
+
+template <class T>
+T* reserve_elements(DeviceScratch& scratch, std::size_t count) {
+  return static_cast<T*>(scratch.reserve(count * sizeof(T)));
+}
 
 // A device copy of a small host table, re-uploaded only when its values change. The host
 // copy is kept so that the comparison needs no device read.
-template <class T> class DeviceTable {
+template <class T>
+class DeviceTable {
  public:
   const T* upload(const std::vector<T>& values, cudaStream_t stream) {
-    T* device = scratch_.reserve<T>(values.size());
+    T* device = reserve_elements<T>(scratch_, values.size());
     const bool same = device == uploaded_to_ && values.size() == host_.size() &&
                       std::memcmp(values.data(), host_.data(), values.size() * sizeof(T)) == 0;
     if (!same) {
@@ -80,27 +122,6 @@ template <class T> class DeviceTable {
   const T* uploaded_to_ = nullptr;
   DeviceScratch scratch_;
 };
-
-[[noreturn]] void fail(std::string_view op, const std::string& message) {
-  throw std::invalid_argument(fmt::format("cuda {}: {}", op, message));
-}
-
-void require(bool ok, std::string_view op, const std::string& message) {
-  if (!ok) fail(op, message);
-}
-
-std::string describe(const Tensor& t) {
-  return fmt::format("{} {} on {}", dtype_name(t.dtype), shape_string(t.shape), device_name(t.device));
-}
-
-// A device tensor of `dtype` with `numel` elements (any shape).
-void check_device_tensor(std::string_view op, std::string_view name, const Tensor& t, DType dtype,
-                         std::int64_t numel) {
-  const bool ok = t.device == DeviceKind::cuda && t.dtype == dtype && t.numel() == numel && !t.empty();
-  require(ok, op,
-          fmt::format("{} is {}, expected a {} tensor with {} elements on cuda", name, describe(t),
-                      dtype_name(dtype), numel));
-}
 
 // The call's sizes, validated against the tensors and the position context.
 AttentionDims check_call(std::string_view op, const AttentionShape& shape, const PositionEncoding* encoding,
@@ -127,9 +148,9 @@ AttentionDims check_call(std::string_view op, const AttentionShape& shape, const
                       encoding->kind(), shape.head_dim, dims.qk_width, kernels::kMaxAttentionWidth));
   const std::int64_t rows = std::int64_t(shape.batch) * shape.seq_len;
   const std::int64_t channels = std::int64_t(shape.n_head) * shape.head_dim;
-  check_device_tensor(op, "qkv", qkv, DType::bf16, rows * 3 * channels);
-  check_device_tensor(op, "out", out, DType::bf16, rows * channels);
-  check_device_tensor(op, "lse", lse, DType::f32, std::int64_t(shape.batch) * shape.n_head * shape.seq_len);
+  check_matrix(op, "qkv", qkv, DType::bf16, rows, 3 * channels);
+  check_matrix(op, "out", out, DType::bf16, rows, channels);
+  check_vector(op, "lse", lse, DType::f32, std::int64_t(shape.batch) * shape.n_head * shape.seq_len);
   return dims;
 }
 
@@ -139,12 +160,12 @@ std::vector<float*> parameter_pointers(std::string_view op, std::string_view nam
                                        const PositionEncoding& encoding, const AttentionDims& dims) {
   const std::vector<ParamSpec> specs = encoding.layer_parameters(dims.n_head, dims.head_dim);
   require(tensors.size() == specs.size(), op,
-          fmt::format("{} has {} tensors, encoding '{}' has {} layer parameters", name, tensors.size(),
-                      encoding.kind(), specs.size()));
+          fmt::format("{} has {} tensors, encoding '{}' has {} layer parameters", name, tensors.size(), encoding.kind(),
+                      specs.size()));
   std::vector<float*> pointers;
   for (std::size_t i = 0; i < specs.size(); ++i) {
-    check_device_tensor(op, fmt::format("{}[{}] ({})", name, i, specs[i].name), tensors[i], DType::f32,
-                        shape_numel(specs[i].shape));
+    check_vector(op, fmt::format("{}[{}] ({})", name, i, specs[i].name), tensors[i], DType::f32,
+                 shape_numel(specs[i].shape));
     pointers.push_back(static_cast<float*>(tensors[i].data));
   }
   return pointers;
@@ -192,9 +213,9 @@ struct AttentionRunner::Scratch {
       plan.delta = params.empty() ? nullptr : params.front();  // no δ parameter: the "no δ" ablation
       return plan;
     }
-    throw std::runtime_error(fmt::format(
-        "cuda {}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi)", op,
-        encoding.kind()));
+    throw std::runtime_error(
+        fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi)", op,
+                    encoding.kind()));
   }
 
   // Score scale and, for encodings with a score bias, the [n_head, T] table b_h(Δ).
@@ -207,8 +228,8 @@ struct AttentionRunner::Scratch {
     // parameter-free biases (ALiBi) are tabulated on the host.
     if (!encoding.layer_parameters(ctx.n_head, ctx.head_dim).empty()) {
       throw std::runtime_error(fmt::format(
-          "cuda {}: encoding '{}' has a score bias with learnable parameters, not supported by the CUDA attention yet",
-          op, encoding.kind()));
+          "{}: encoding '{}' has a score bias with learnable parameters, not supported by the CUDA attention yet", op,
+          encoding.kind()));
     }
     const std::size_t T = static_cast<std::size_t>(ctx.seq_len);
     std::vector<float> table(static_cast<std::size_t>(ctx.n_head) * T);
@@ -223,8 +244,8 @@ struct AttentionRunner::Scratch {
     const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
     kernels::EncodedAttention in;
     in.qkv = static_cast<const __nv_bfloat16*>(qkv.data);
-    float* q_encoded = q.reserve<float>(encoded);
-    float* k_encoded = k.reserve<float>(encoded);
+    float* q_encoded = reserve_elements<float>(q, encoded);
+    float* k_encoded = reserve_elements<float>(k, encoded);
     POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, in.qkv, q_encoded, k_encoded, stream));
     in.q = q_encoded;
     in.k = k_encoded;
@@ -253,8 +274,8 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   const AttentionDims dims = check_call(op, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse);
   const std::int64_t rows = std::int64_t(dims.batch) * dims.seq_len;
   const std::int64_t channels = std::int64_t(dims.n_head) * dims.head_dim;
-  check_device_tensor(op, "dout", args.dout, DType::bf16, rows * channels);
-  check_device_tensor(op, "dqkv", args.dqkv, DType::bf16, rows * 3 * channels);
+  check_matrix(op, "dout", args.dout, DType::bf16, rows, channels);
+  check_matrix(op, "dqkv", args.dqkv, DType::bf16, rows, 3 * channels);
   const PositionEncoding& encoding = *args.encoding;
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
@@ -267,13 +288,13 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   gradients.out = static_cast<const __nv_bfloat16*>(args.out.data);
   gradients.lse = static_cast<const float*>(args.lse.data);
   gradients.dout = static_cast<const __nv_bfloat16*>(args.dout.data);
-  gradients.row_dot = scratch_->row_dot.reserve<float>(std::size_t(dims.batch) * dims.n_head * dims.seq_len);
-  gradients.dq = scratch_->dq.reserve<float>(encoded);
-  gradients.dk = scratch_->dk.reserve<float>(encoded);
+  gradients.row_dot = reserve_elements<float>(scratch_->row_dot, std::size_t(dims.batch) * dims.n_head * dims.seq_len);
+  gradients.dq = reserve_elements<float>(scratch_->dq, encoded);
+  gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
   gradients.dqkv = static_cast<__nv_bfloat16*>(args.dqkv.data);
   POPE_CUDA_CHECK(kernels::causal_attention_backward(dims, in, gradients, stream));
-  POPE_CUDA_CHECK(kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv,
-                                              stream));
+  POPE_CUDA_CHECK(
+      kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv, stream));
   if (transform.kind == QkTransformKind::pope && transform.delta != nullptr) {
     POPE_CUDA_CHECK(kernels::pope_delta_gradient(dims, transform, in.qkv, gradients.dk, grads.front(), stream));
   }
