@@ -2,6 +2,11 @@
 // qk_transform.cuh), forward and backward, flash-attention style: online softmax in f32,
 // the backward recomputes P from lse, memory O(B·H·T·qk_width), never a T×T matrix.
 // Deterministic: every output element is summed by one warp in a fixed order, no atomics.
+//
+// Not here yet: the diagonal sums Ĝ_h(Δ) = Σ_batch Σ_{t−s=Δ} dS_ts that a learnable score bias
+// (PJ-bias) needs. They fit the key-gradient kernel, which holds dS for 16 keys × 32 queries
+// per step: sum dS along lags into a per-(b·H + h, key block) partial row, then reduce the
+// partial rows in a fixed order, as pope_delta_gradient does for δ.
 #pragma once
 
 #include <cuda_bf16.h>
