@@ -69,6 +69,7 @@ class PopeEncoding final : public PositionEncodingImpl<PopeEncoding> {
 
   // ω_c, c = 0..head_dim−1.
   std::vector<double> frequencies(int head_dim) const;
+  PopeMagnitude magnitude() const { return magnitude_; }
 
   template <class Real>
   void transform(const QkTransformArgs<Real>& args) const;

@@ -1,21 +1,303 @@
-// Placeholder so the CUDA backend links while the attention kernels are being written.
+// Host side of causal attention on the GPU: validates the call, identifies the encoding,
+// keeps its small tables (frequencies, bias) on the device, and runs the kernels of
+// kernels/attention/ over scratch that grows once per larger shape:
+//   forward:  encode q̃, k̃ (f32) → causal attention → out (bf16), lse (f32)
+//   backward: encode q̃, k̃ again → dq̃, dk̃ (f32) and dv → transform backward → dqkv (bf16),
+//             plus the encoding's parameter gradients (PoPE's δ), accumulated in f32.
+// Tables are uploaded only when their values change, so steady-state steps of one shape
+// neither allocate nor copy from the host (a requirement for CUDA graph capture). A captured
+// graph holds the scratch and table pointers: calls of another shape or encoding on the
+// same runner (e.g. evaluation at another length) may grow the scratch or rewrite a table,
+// so give those calls their own runner.
 #include "cuda/cuda_attention.hpp"
 
+#include <fmt/format.h>
+
+#include <cstring>
 #include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attention/causal_attention.cuh"
+#include "attention/qk_transform.cuh"
+#include "core/position_encodings.hpp"
+#include "cuda/cuda_check.hpp"
 
 namespace pope::cuda {
 
-struct AttentionRunner::Scratch {};
+namespace {
 
-AttentionRunner::AttentionRunner() = default;
-AttentionRunner::~AttentionRunner() = default;
+using kernels::AttentionDims;
+using kernels::QkTransformKind;
+using kernels::QkTransformParams;
 
-void AttentionRunner::forward(const AttentionForward&, cudaStream_t) {
-  throw std::runtime_error("cuda attention_forward: not implemented yet");
+// The next three helpers have the names, signatures and messages of cuda/device_scratch.hpp
+// and cuda/cuda_tensor_checks.hpp on the cuda-ops branch, so that once both branches are
+// merged they can be replaced by those headers.
+
+// Device memory that only grows.
+class DeviceScratch {
+ public:
+  DeviceScratch() = default;
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  ~DeviceScratch() {
+    if (data_) cudaFree(data_);  // no throwing from a destructor; a failure here only leaks
+  }
+
+  // At least `bytes` of device memory. Growing frees the old block; cudaFree waits for the
+  // device to finish, so no queued kernel still uses it.
+  void* reserve(std::size_t bytes) {
+    if (bytes <= bytes_ && data_) return data_;
+    if (data_) POPE_CUDA_CHECK(cudaFree(data_));
+    data_ = nullptr;
+    bytes_ = 0;
+    POPE_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 1 : bytes));
+    bytes_ = bytes;
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+[[noreturn]] void fail(std::string_view op, const std::string& message) {
+  throw std::invalid_argument(fmt::format("{}: {}", op, message));
 }
 
-void AttentionRunner::backward(const AttentionBackward&, cudaStream_t) {
-  throw std::runtime_error("cuda attention_backward: not implemented yet");
+void require(bool ok, std::string_view op, const std::string& message) {
+  if (!ok) fail(op, message);
+}
+
+std::string describe(const Tensor& t) { return fmt::format("{} {}", dtype_name(t.dtype), shape_string(t.shape)); }
+
+void check_device(std::string_view op, std::string_view name, const Tensor& t) {
+  require(t.device == DeviceKind::cuda, op,
+          fmt::format("{} lives on {}, expected CUDA device memory", name, device_name(t.device)));
+  require(!t.empty() || t.numel() == 0, op, fmt::format("{} ({}) has no data", name, describe(t)));
+}
+
+// A device tensor of `dtype` with `numel` elements.
+void check_vector(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t numel) {
+  check_device(op, name, t);
+  require(t.dtype == dtype && t.numel() == numel, op,
+          fmt::format("{} is {}, expected {} with {} elements", name, describe(t), dtype_name(dtype), numel));
+}
+
+// A device tensor of `dtype` seen as [rows, cols] (its last dimension is cols).
+void check_matrix(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t rows,
+                  std::int64_t cols) {
+  check_device(op, name, t);
+  const bool shape_ok = !t.shape.empty() && t.shape.back() == cols && t.numel() == rows * cols;
+  require(t.dtype == dtype && shape_ok, op,
+          fmt::format("{} is {}, expected {} [{}, {}]", name, describe(t), dtype_name(dtype), rows, cols));
+}
+
+template <class T>
+T* reserve_elements(DeviceScratch& scratch, std::size_t count) {
+  return static_cast<T*>(scratch.reserve(count * sizeof(T)));
+}
+
+// A device copy of a small host table, re-uploaded only when its values change. The host
+// copy is kept so that the comparison needs no device read.
+template <class T>
+class DeviceTable {
+ public:
+  const T* upload(const std::vector<T>& values, cudaStream_t stream) {
+    T* device = reserve_elements<T>(scratch_, values.size());
+    const bool same = device == uploaded_to_ && values.size() == host_.size() &&
+                      std::memcmp(values.data(), host_.data(), values.size() * sizeof(T)) == 0;
+    if (!same) {
+      host_ = values;
+      POPE_CUDA_CHECK(cudaMemcpyAsync(device, host_.data(), host_.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+      uploaded_to_ = device;
+    }
+    return device;
+  }
+
+ private:
+  std::vector<T> host_;
+  const T* uploaded_to_ = nullptr;
+  DeviceScratch scratch_;
+};
+
+// The call's sizes, validated against the tensors and the position context.
+AttentionDims check_call(std::string_view op, const AttentionShape& shape, const PositionEncoding* encoding,
+                         const PositionContext& ctx, const Tensor& qkv, const Tensor& out, const Tensor& lse) {
+  require(encoding != nullptr, op, "encoding is null, expected the layer's PositionEncoding (NoPE for none)");
+  require(shape.batch > 0 && shape.seq_len > 0 && shape.n_head > 0 && shape.head_dim > 0, op,
+          fmt::format("shape is batch {}, seq_len {}, n_head {}, head_dim {}; expected all > 0", shape.batch,
+                      shape.seq_len, shape.n_head, shape.head_dim));
+  require(ctx.seq_len == shape.seq_len && ctx.n_head == shape.n_head && ctx.head_dim == shape.head_dim, op,
+          fmt::format("position context says seq_len {}, n_head {}, head_dim {}; the call's shape says {}, {}, {}",
+                      ctx.seq_len, ctx.n_head, ctx.head_dim, shape.seq_len, shape.n_head, shape.head_dim));
+  require(shape.seq_len <= kernels::kMaxAttentionSeqLen, op,
+          fmt::format("seq_len {} exceeds the {} positions the GPU kernels support", shape.seq_len,
+                      kernels::kMaxAttentionSeqLen));
+  AttentionDims dims;
+  dims.batch = shape.batch;
+  dims.seq_len = shape.seq_len;
+  dims.n_head = shape.n_head;
+  dims.head_dim = shape.head_dim;
+  dims.qk_width = encoding->transforms_qk() ? encoding->qk_width(shape.head_dim) : shape.head_dim;
+  require(dims.qk_width >= dims.head_dim && dims.qk_width <= kernels::kMaxAttentionWidth, op,
+          fmt::format("encoding '{}' with head_dim {} gives q/k width {}; the GPU kernels support head_dim ≤ q/k "
+                      "width ≤ {}",
+                      encoding->kind(), shape.head_dim, dims.qk_width, kernels::kMaxAttentionWidth));
+  const std::int64_t rows = std::int64_t(shape.batch) * shape.seq_len;
+  const std::int64_t channels = std::int64_t(shape.n_head) * shape.head_dim;
+  check_matrix(op, "qkv", qkv, DType::bf16, rows, 3 * channels);
+  check_matrix(op, "out", out, DType::bf16, rows, channels);
+  check_vector(op, "lse", lse, DType::f32, std::int64_t(shape.batch) * shape.n_head * shape.seq_len);
+  return dims;
+}
+
+// Device pointers of this layer's position parameters (or gradients), one per
+// layer_parameters() entry, f32 on the device.
+std::vector<float*> parameter_pointers(std::string_view op, std::string_view name, std::span<const Tensor> tensors,
+                                       const PositionEncoding& encoding, const AttentionDims& dims) {
+  const std::vector<ParamSpec> specs = encoding.layer_parameters(dims.n_head, dims.head_dim);
+  require(tensors.size() == specs.size(), op,
+          fmt::format("{} has {} tensors, encoding '{}' has {} layer parameters", name, tensors.size(), encoding.kind(),
+                      specs.size()));
+  std::vector<float*> pointers;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    check_vector(op, fmt::format("{}[{}] ({})", name, i, specs[i].name), tensors[i], DType::f32,
+                 shape_numel(specs[i].shape));
+    pointers.push_back(static_cast<float*>(tensors[i].data));
+  }
+  return pointers;
+}
+
+kernels::PopeMagnitudeKind device_magnitude(PopeMagnitude magnitude) {
+  switch (magnitude) {
+    case PopeMagnitude::softplus:
+      return kernels::PopeMagnitudeKind::softplus;
+    case PopeMagnitude::identity:
+      return kernels::PopeMagnitudeKind::identity;
+    case PopeMagnitude::relu:
+      return kernels::PopeMagnitudeKind::relu;
+  }
+  throw std::logic_error("cuda attention: unhandled PoPE magnitude");
+}
+
+}  // namespace
+
+struct AttentionRunner::Scratch {
+  DeviceScratch q, k, dq, dk, row_dot;
+  DeviceTable<double> frequencies;
+  DeviceTable<float> bias;
+
+  // The encoding's q/k transform for this call (tables uploaded); throws for encodings the
+  // GPU path does not know, naming them.
+  QkTransformParams transform(std::string_view op, const PositionEncoding& encoding, const PositionContext& ctx,
+                              const std::vector<float*>& params, cudaStream_t stream) {
+    QkTransformParams plan;
+    plan.position_offset = ctx.position_offset;
+    if (dynamic_cast<const NopeEncoding*>(&encoding) || dynamic_cast<const AlibiEncoding*>(&encoding)) {
+      return plan;  // identity: their positions act through the mask and the bias only
+    }
+    if (const auto* rope = dynamic_cast<const RopeEncoding*>(&encoding)) {
+      const std::vector<double> theta = rope->frequencies(ctx);
+      plan.kind = QkTransformKind::rope;
+      plan.rotary_pairs = static_cast<int>(theta.size());
+      plan.frequencies = frequencies.upload(theta, stream);
+      return plan;
+    }
+    if (const auto* pope = dynamic_cast<const PopeEncoding*>(&encoding)) {
+      plan.kind = QkTransformKind::pope;
+      plan.frequencies = frequencies.upload(pope->frequencies(ctx.head_dim), stream);
+      plan.magnitude = device_magnitude(pope->magnitude());
+      plan.delta = params.empty() ? nullptr : params.front();  // no δ parameter: the "no δ" ablation
+      return plan;
+    }
+    throw std::runtime_error(
+        fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi)", op,
+                    encoding.kind()));
+  }
+
+  // Score scale and, for encodings with a score bias, the [n_head, T] table b_h(Δ).
+  kernels::ScoreParams score(std::string_view op, const PositionEncoding& encoding, const PositionContext& ctx,
+                             cudaStream_t stream) {
+    kernels::ScoreParams params;
+    params.scale = static_cast<float>(encoding.softmax_scale(ctx));
+    if (!encoding.has_score_bias()) return params;
+    // Tables from learnable parameters (PJ-bias) must be built on the device; only
+    // parameter-free biases (ALiBi) are tabulated on the host.
+    if (!encoding.layer_parameters(ctx.n_head, ctx.head_dim).empty()) {
+      throw std::runtime_error(fmt::format(
+          "{}: encoding '{}' has a score bias with learnable parameters, not supported by the CUDA attention yet", op,
+          encoding.kind()));
+    }
+    const std::size_t T = static_cast<std::size_t>(ctx.seq_len);
+    std::vector<float> table(static_cast<std::size_t>(ctx.n_head) * T);
+    for (int h = 0; h < ctx.n_head; ++h) encoding.score_bias(ctx, h, ParamValues<float>{}, table.data() + h * T);
+    params.bias = bias.upload(table, stream);
+    return params;
+  }
+
+  // q̃, k̃ of this call in scratch.
+  kernels::EncodedAttention encode(const AttentionDims& dims, const QkTransformParams& transform,
+                                   const kernels::ScoreParams& score, const Tensor& qkv, cudaStream_t stream) {
+    const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
+    kernels::EncodedAttention in;
+    in.qkv = static_cast<const __nv_bfloat16*>(qkv.data);
+    float* q_encoded = reserve_elements<float>(q, encoded);
+    float* k_encoded = reserve_elements<float>(k, encoded);
+    POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, in.qkv, q_encoded, k_encoded, stream));
+    in.q = q_encoded;
+    in.k = k_encoded;
+    in.score = score;
+    return in;
+  }
+};
+
+AttentionRunner::AttentionRunner() : scratch_(std::make_unique<Scratch>()) {}
+AttentionRunner::~AttentionRunner() = default;
+
+void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream) {
+  constexpr std::string_view op = "attention_forward";
+  const AttentionDims dims = check_call(op, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse);
+  const PositionEncoding& encoding = *args.encoding;
+  const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
+  const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
+  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, stream);
+  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
+  POPE_CUDA_CHECK(kernels::causal_attention_forward(dims, in, static_cast<__nv_bfloat16*>(args.out.data),
+                                                    static_cast<float*>(args.lse.data), stream));
+}
+
+void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t stream) {
+  constexpr std::string_view op = "attention_backward";
+  const AttentionDims dims = check_call(op, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse);
+  const std::int64_t rows = std::int64_t(dims.batch) * dims.seq_len;
+  const std::int64_t channels = std::int64_t(dims.n_head) * dims.head_dim;
+  check_matrix(op, "dout", args.dout, DType::bf16, rows, channels);
+  check_matrix(op, "dqkv", args.dqkv, DType::bf16, rows, 3 * channels);
+  const PositionEncoding& encoding = *args.encoding;
+  const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
+  const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
+  const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
+  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, stream);
+  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
+
+  const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
+  kernels::AttentionGradients gradients;
+  gradients.out = static_cast<const __nv_bfloat16*>(args.out.data);
+  gradients.lse = static_cast<const float*>(args.lse.data);
+  gradients.dout = static_cast<const __nv_bfloat16*>(args.dout.data);
+  gradients.row_dot = reserve_elements<float>(scratch_->row_dot, std::size_t(dims.batch) * dims.n_head * dims.seq_len);
+  gradients.dq = reserve_elements<float>(scratch_->dq, encoded);
+  gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
+  gradients.dqkv = static_cast<__nv_bfloat16*>(args.dqkv.data);
+  POPE_CUDA_CHECK(kernels::causal_attention_backward(dims, in, gradients, stream));
+  POPE_CUDA_CHECK(
+      kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv, stream));
+  if (transform.kind == QkTransformKind::pope && transform.delta != nullptr) {
+    POPE_CUDA_CHECK(kernels::pope_delta_gradient(dims, transform, in.qkv, gradients.dk, grads.front(), stream));
+  }
 }
 
 }  // namespace pope::cuda

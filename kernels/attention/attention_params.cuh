@@ -1,0 +1,41 @@
+// Plain data the host hands the attention kernels: sizes, the q/k transform of the layer's
+// positional encoding, and what turns a dot product into a score. No device code here, so
+// host files (g++, C++20) and kernels (nvcc, C++17) both include it.
+//
+// Layouts (row-major): qkv bf16 [B·T, 3C] with q, k, v in column blocks of C = H·d and head
+// h at h·d; out/dout bf16 [B·T, C]; lse f32 [B, H, T]; encoded rows q̃, k̃ and their
+// gradients f32 [B, H, T, qk_width].
+#pragma once
+
+#include <cstdint>
+
+namespace pope::kernels {
+
+struct AttentionDims {
+  int batch = 0;
+  int seq_len = 0;
+  int n_head = 0;
+  int head_dim = 0;  // d of q, k, v
+  int qk_width = 0;  // width of q̃, k̃ (2d for PoPE, else d)
+};
+
+enum class QkTransformKind : int { identity, rope, pope };
+enum class PopeMagnitudeKind : int { softplus, identity, relu };
+
+// The encoding's q/k transform (spec positional-encodings.md, sections 2 and 3).
+struct QkTransformParams {
+  QkTransformKind kind = QkTransformKind::identity;
+  int position_offset = 0;              // absolute position of row 0
+  int rotary_pairs = 0;                 // rope: pairs (m, m + rotary_pairs) rotate, later channels pass
+  const double* frequencies = nullptr;  // rope: θ'_m [rotary_pairs]; pope: ω_c [head_dim]
+  PopeMagnitudeKind magnitude = PopeMagnitudeKind::softplus;  // pope
+  const float* delta = nullptr;                               // pope keys: δ [n_head, head_dim], or null without δ
+};
+
+// a_ts = <q̃_t, k̃_s> · scale + bias[h·T + (t − s)] for s ≤ t.
+struct ScoreParams {
+  float scale = 1.0f;
+  const float* bias = nullptr;  // [n_head, seq_len] table b_h(Δ), or null
+};
+
+}  // namespace pope::kernels

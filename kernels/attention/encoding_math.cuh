@@ -1,0 +1,89 @@
+// The positional encodings' per-channel math on the device, in fp32 (spec
+// positional-encodings.md, sections 2 and 3; CPU reference in src/core/position_rope.cpp and
+// position_pope.cpp). Small __device__ functions so that the simple attention path
+// (qk_transform.cu) and a fused attention kernel evaluate exactly the same formulas.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "attention/attention_params.cuh"
+
+namespace pope::kernels {
+
+struct PhaseRotation {
+  float cos;
+  float sin;
+};
+
+// cos and sin of `angle`, formed in double. Why: p·ω reaches ~16000 rad at long context,
+// where a float angle is only accurate to ~1e-3 rad. Reducing to [−π, π] in double first
+// leaves a float angle that sincosf (full range reduction, not __sincosf) evaluates to float
+// accuracy, matching the CPU reference, which forms the angle in double too.
+__device__ inline PhaseRotation rotation_by(double angle) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  const double reduced = angle - kTwoPi * rint(angle / kTwoPi);
+  PhaseRotation r;
+  sincosf(static_cast<float>(reduced), &r.sin, &r.cos);
+  return r;
+}
+
+// RoPE: the pair (a, b) rotated by +angle.
+__device__ inline void rotate_pair(float a, float b, PhaseRotation r, float& out_a, float& out_b) {
+  out_a = a * r.cos - b * r.sin;
+  out_b = a * r.sin + b * r.cos;
+}
+
+// Backward of rotate_pair: the pair's gradient rotated back by −angle.
+__device__ inline void unrotate_pair(float grad_a, float grad_b, PhaseRotation r, float& da, float& db) {
+  da = grad_a * r.cos + grad_b * r.sin;
+  db = -grad_a * r.sin + grad_b * r.cos;
+}
+
+// PoPE magnitudes μ = f(x). Above this softplus(x) is x to float precision, and e^x could overflow.
+constexpr float kSoftplusLinearFrom = 20.0f;
+
+__device__ inline float pope_magnitude(PopeMagnitudeKind kind, float x) {
+  switch (kind) {
+    case PopeMagnitudeKind::softplus:
+      return x > kSoftplusLinearFrom ? x : log1pf(expf(x));
+    case PopeMagnitudeKind::relu:
+      return x > 0.0f ? x : 0.0f;
+    case PopeMagnitudeKind::identity:
+      break;
+  }
+  return x;
+}
+
+// dμ/dx of exactly the function pope_magnitude computes.
+__device__ inline float pope_magnitude_derivative(PopeMagnitudeKind kind, float x) {
+  switch (kind) {
+    case PopeMagnitudeKind::softplus:
+      return x > kSoftplusLinearFrom ? 1.0f : 1.0f / (1.0f + expf(-x));
+    case PopeMagnitudeKind::relu:
+      return x > 0.0f ? 1.0f : 0.0f;
+    case PopeMagnitudeKind::identity:
+      break;
+  }
+  return 1.0f;
+}
+
+// δ acts clamped to [−2π, 0]; outside that range it gets no gradient (on the bounds it does).
+constexpr double kPopeDeltaLowest = -6.283185307179586476925286766559;
+__device__ inline bool pope_delta_in_range(float delta) { return delta >= kPopeDeltaLowest && delta <= 0.0; }
+__device__ inline double pope_clamped_delta(float delta) { return fmin(fmax(double(delta), kPopeDeltaLowest), 0.0); }
+
+// Phase of channel c at position p: p·ω_c, plus the clamped δ_c on keys (pass has_delta false for queries).
+__device__ inline PhaseRotation pope_phase(double position, double omega, bool has_delta, float delta) {
+  return rotation_by(position * omega + (has_delta ? pope_clamped_delta(delta) : 0.0));
+}
+
+// Backward through y = (μ cos φ, μ sin φ) given its gradient (g_re, g_im):
+//   dμ = g_re cos φ + g_im sin φ,   dφ = μ (−g_re sin φ + g_im cos φ)  (= dδ for keys).
+__device__ inline float pope_magnitude_grad(float grad_re, float grad_im, PhaseRotation r) {
+  return grad_re * r.cos + grad_im * r.sin;
+}
+__device__ inline float pope_phase_grad(float magnitude, float grad_re, float grad_im, PhaseRotation r) {
+  return magnitude * (-grad_re * r.sin + grad_im * r.cos);
+}
+
+}  // namespace pope::kernels

@@ -1,0 +1,578 @@
+// CUDA causal attention (src/cuda/cuda_attention.cpp, kernels/attention/) against the CPU
+// float reference for every encoding: forward out and lse, backward dqkv and the encoding's
+// parameter gradients, on random bf16 inputs (the CPU gets the same values upcast). Outputs
+// are poisoned with NaN before each run so that an unwritten element fails. Sizes include
+// T = 1 and T not a multiple of the kernels' 16/32-row tiles.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+#include "core/position_encodings.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "cuda/cuda_attention.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_device.hpp"
+
+namespace {
+
+using namespace pope;
+
+// Tolerances (performance.md): bf16 outputs ≲ 1e-2 relative; lse is f32 arithmetic on the
+// same inputs. δ's gradient is an f32 sum over B·T signed terms taken in another order than
+// the CPU's, so cancellation can lift its relative error above plain f32 rounding.
+constexpr double kBf16Tolerance = 1e-2;
+constexpr double kLseTolerance = 1e-5;
+constexpr double kParameterGradTolerance = 1e-4;
+
+// ---------------------------------------------------------------- device memory helpers
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) { POPE_CUDA_CHECK(cudaMalloc(&data_, bytes)); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(data_); }
+
+  Tensor tensor(DType dtype, Shape shape) const { return Tensor{data_, dtype, DeviceKind::cuda, std::move(shape)}; }
+  // All bytes 0xFF: NaN in f32 and bf16.
+  void poison() { POPE_CUDA_CHECK(cudaMemset(data_, 0xFF, bytes_)); }
+  void upload(const void* host) { POPE_CUDA_CHECK(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice)); }
+  void download(void* host) const { POPE_CUDA_CHECK(cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost)); }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_;
+};
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& values) {
+  std::vector<__nv_bfloat16> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = __float2bfloat16(values[i]);
+  return out;
+}
+
+std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& values) {
+  std::vector<float> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = __bfloat162float(values[i]);
+  return out;
+}
+
+// Uniform values in [low, high), rounded to bf16 so that GPU and CPU see the same numbers.
+std::vector<float> random_bf16_values(std::size_t count, float low, float high, std::mt19937& engine) {
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<float> values(count);
+  for (float& v : values) v = __bfloat162float(__float2bfloat16(uniform(engine)));
+  return values;
+}
+
+Tensor host_tensor(std::vector<float>& values, Shape shape) {
+  return Tensor{values.data(), DType::f32, DeviceKind::cpu, std::move(shape)};
+}
+
+// ‖actual − expected‖ / ‖expected‖ over elements [begin, end) of every `stride`-long row
+// (stride 0: the whole vector); ‖actual − expected‖ itself when the reference is exactly zero
+// (e.g. dq at T = 1, where dP − D cancels). NaN anywhere makes the result NaN, which fails any bound.
+double relative_error(const std::vector<float>& actual, const std::vector<float>& expected, std::size_t stride = 0,
+                      std::size_t begin = 0, std::size_t end = 0) {
+  double diff = 0.0, norm = 0.0;
+  const std::size_t row = stride == 0 ? expected.size() : stride;
+  const std::size_t first = stride == 0 ? 0 : begin, last = stride == 0 ? expected.size() : end;
+  for (std::size_t r = 0; r < expected.size(); r += row)
+    for (std::size_t i = r + first; i < r + last; ++i) {
+      const double e = expected[i], a = actual[i];
+      diff += (a - e) * (a - e);
+      norm += e * e;
+    }
+  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+std::size_t count_non_finite(const std::vector<float>& values) {
+  std::size_t count = 0;
+  for (float v : values) count += !std::isfinite(v);
+  return count;
+}
+
+// ---------------------------------------------------------------- problems
+
+struct EncodingCase {
+  std::string name;
+  std::function<std::unique_ptr<PositionEncoding>()> make;
+  bool some_delta_out_of_range = false;  // PoPE: put some δ outside [−2π, 0]
+  int train_length = 1024;
+  int position_offset = 0;
+};
+
+// gtest prints test parameters; the name says it all.
+void PrintTo(const EncodingCase& c, std::ostream* os) { *os << c.name; }
+
+// One attention call's inputs, as exact bf16 values held in float.
+struct Problem {
+  std::unique_ptr<PositionEncoding> encoding;
+  AttentionShape shape;
+  PositionContext ctx;
+  std::vector<float> qkv, dout;
+  std::vector<std::vector<float>> params, initial_grads;
+
+  std::int64_t rows() const { return std::int64_t(shape.batch) * shape.seq_len; }
+  std::int64_t channels() const { return std::int64_t(shape.n_head) * shape.head_dim; }
+  std::int64_t statistics() const { return std::int64_t(shape.batch) * shape.n_head * shape.seq_len; }
+};
+
+Problem make_problem(const EncodingCase& c, int batch, int seq_len, int n_head, int head_dim, unsigned seed) {
+  std::mt19937 engine(seed);
+  Problem p;
+  p.encoding = c.make();
+  p.shape = {batch, seq_len, n_head, head_dim};
+  p.ctx.seq_len = seq_len;
+  p.ctx.train_length = c.train_length;
+  p.ctx.n_head = n_head;
+  p.ctx.head_dim = head_dim;
+  p.ctx.position_offset = c.position_offset;
+  p.qkv = random_bf16_values(std::size_t(p.rows() * 3 * p.channels()), -1.5f, 1.5f, engine);
+  p.dout = random_bf16_values(std::size_t(p.rows() * p.channels()), -1.0f, 1.0f, engine);
+  constexpr float kTwoPi = 6.2831853f;
+  for (const ParamSpec& spec : p.encoding->layer_parameters(n_head, head_dim)) {
+    const std::size_t numel = std::size_t(shape_numel(spec.shape));
+    std::vector<float> values = random_bf16_values(numel, -kTwoPi, 0.0f, engine);
+    if (c.some_delta_out_of_range)
+      for (std::size_t i = 0; i < numel; i += 5) values[i] = (i / 5) % 2 == 0 ? 0.75f : -7.5f;
+    p.params.push_back(std::move(values));
+    p.initial_grads.push_back(random_bf16_values(numel, -0.5f, 0.5f, engine));
+  }
+  return p;
+}
+
+// What one attention forward + backward produced, copied to the host.
+struct Result {
+  std::vector<float> out, lse, dqkv;
+  std::vector<std::vector<float>> grads;
+};
+
+// Forward, then backward from the forward's own out and lse, on the GPU.
+Result run_on_gpu(cuda::AttentionRunner& runner, const Problem& p) {
+  const Shape qkv_shape{p.rows(), 3 * p.channels()}, out_shape{p.rows(), p.channels()};
+  const Shape lse_shape{p.shape.batch, p.shape.n_head, p.shape.seq_len};
+  DeviceBuffer qkv(p.qkv.size() * 2), dout(p.dout.size() * 2), out(p.dout.size() * 2), dqkv(p.qkv.size() * 2);
+  DeviceBuffer lse(std::size_t(p.statistics()) * 4);
+  qkv.upload(to_bf16(p.qkv).data());
+  dout.upload(to_bf16(p.dout).data());
+  std::vector<std::unique_ptr<DeviceBuffer>> param_buffers, grad_buffers;
+  std::vector<Tensor> params, grads;
+  for (std::size_t i = 0; i < p.params.size(); ++i) {
+    const Shape shape{std::int64_t(p.params[i].size())};
+    param_buffers.push_back(std::make_unique<DeviceBuffer>(p.params[i].size() * 4));
+    param_buffers.back()->upload(p.params[i].data());
+    params.push_back(param_buffers.back()->tensor(DType::f32, shape));
+    grad_buffers.push_back(std::make_unique<DeviceBuffer>(p.initial_grads[i].size() * 4));
+    grad_buffers.back()->upload(p.initial_grads[i].data());
+    grads.push_back(grad_buffers.back()->tensor(DType::f32, shape));
+  }
+  out.poison();
+  lse.poison();
+  dqkv.poison();
+
+  AttentionForward forward;
+  forward.shape = p.shape;
+  forward.encoding = p.encoding.get();
+  forward.position = p.ctx;
+  forward.qkv = qkv.tensor(DType::bf16, qkv_shape);
+  forward.out = out.tensor(DType::bf16, out_shape);
+  forward.lse = lse.tensor(DType::f32, lse_shape);
+  forward.position_params = params;
+  runner.forward(forward, nullptr);
+
+  AttentionBackward backward;
+  backward.shape = p.shape;
+  backward.encoding = p.encoding.get();
+  backward.position = p.ctx;
+  backward.qkv = forward.qkv;
+  backward.out = forward.out;
+  backward.lse = forward.lse;
+  backward.dout = dout.tensor(DType::bf16, out_shape);
+  backward.dqkv = dqkv.tensor(DType::bf16, qkv_shape);
+  backward.position_params = params;
+  backward.position_grads = grads;
+  runner.backward(backward, nullptr);
+  POPE_CUDA_CHECK(cudaDeviceSynchronize());
+
+  Result r;
+  std::vector<__nv_bfloat16> staging(p.dout.size());
+  out.download(staging.data());
+  r.out = from_bf16(staging);
+  r.lse.resize(std::size_t(p.statistics()));
+  lse.download(r.lse.data());
+  staging.resize(p.qkv.size());
+  dqkv.download(staging.data());
+  r.dqkv = from_bf16(staging);
+  for (std::size_t i = 0; i < grad_buffers.size(); ++i) {
+    r.grads.emplace_back(p.initial_grads[i].size());
+    grad_buffers[i]->download(r.grads.back().data());
+  }
+  return r;
+}
+
+// The CPU float reference: its own forward, and the backward from the GPU's saved out and lse
+// (what the GPU backward starts from too, so the comparison isolates the backward).
+Result run_on_cpu(const Problem& p, const Result& gpu) {
+  auto backend = make_cpu_backend("float", 0);
+  std::vector<float> qkv = p.qkv, dout = p.dout;
+  std::vector<std::vector<float>> param_values = p.params;
+  Result r;
+  r.grads = p.initial_grads;
+  r.out.resize(p.dout.size());
+  r.lse.resize(std::size_t(p.statistics()));
+  r.dqkv.resize(p.qkv.size());
+  std::vector<Tensor> params, grads;
+  for (std::size_t i = 0; i < param_values.size(); ++i) {
+    params.push_back(host_tensor(param_values[i], {std::int64_t(param_values[i].size())}));
+    grads.push_back(host_tensor(r.grads[i], {std::int64_t(r.grads[i].size())}));
+  }
+  const Shape qkv_shape{p.rows(), 3 * p.channels()}, out_shape{p.rows(), p.channels()};
+  const Shape lse_shape{p.shape.batch, p.shape.n_head, p.shape.seq_len};
+
+  AttentionForward forward;
+  forward.shape = p.shape;
+  forward.encoding = p.encoding.get();
+  forward.position = p.ctx;
+  forward.qkv = host_tensor(qkv, qkv_shape);
+  forward.out = host_tensor(r.out, out_shape);
+  forward.lse = host_tensor(r.lse, lse_shape);
+  forward.position_params = params;
+  backend->attention_forward(forward);
+
+  std::vector<float> saved_out = gpu.out, saved_lse = gpu.lse;
+  AttentionBackward backward;
+  backward.shape = p.shape;
+  backward.encoding = p.encoding.get();
+  backward.position = p.ctx;
+  backward.qkv = forward.qkv;
+  backward.out = host_tensor(saved_out, out_shape);
+  backward.lse = host_tensor(saved_lse, lse_shape);
+  backward.dout = host_tensor(dout, out_shape);
+  backward.dqkv = host_tensor(r.dqkv, qkv_shape);
+  backward.position_params = params;
+  backward.position_grads = grads;
+  backend->attention_backward(backward);
+  return r;
+}
+
+void expect_matches_cpu(const Problem& p, const Result& gpu, const Result& cpu) {
+  EXPECT_EQ(count_non_finite(gpu.out), 0u) << "out has unwritten or non-finite elements";
+  EXPECT_EQ(count_non_finite(gpu.lse), 0u) << "lse has unwritten or non-finite elements";
+  EXPECT_EQ(count_non_finite(gpu.dqkv), 0u) << "dqkv has unwritten or non-finite elements";
+  EXPECT_LT(relative_error(gpu.out, cpu.out), kBf16Tolerance) << "out";
+  EXPECT_LT(relative_error(gpu.lse, cpu.lse), kLseTolerance) << "lse";
+  const std::size_t C = std::size_t(p.channels());
+  const char* blocks[] = {"dq", "dk", "dv"};
+  for (std::size_t block = 0; block < 3; ++block)
+    EXPECT_LT(relative_error(gpu.dqkv, cpu.dqkv, 3 * C, block * C, (block + 1) * C), kBf16Tolerance)
+        << blocks[block] << " block of dqkv";
+  ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
+  for (std::size_t i = 0; i < gpu.grads.size(); ++i) {
+    EXPECT_LT(relative_error(gpu.grads[i], cpu.grads[i]), kParameterGradTolerance) << "position grad " << i;
+    // δ outside [−2π, 0] gets no gradient: its accumulator must keep its value exactly.
+    for (std::size_t j = 0; j < p.params[i].size(); ++j) {
+      const float delta = p.params[i][j];
+      if (delta > 0.0f || delta < -6.2831853f) {
+        EXPECT_EQ(gpu.grads[i][j], p.initial_grads[i][j]) << "δ index " << j;
+      }
+    }
+  }
+}
+
+template <class Encoding, class Config>
+std::function<std::unique_ptr<PositionEncoding>()> maker(Config config) {
+  return [config] { return std::unique_ptr<PositionEncoding>(std::make_unique<Encoding>(config)); };
+}
+
+RopeConfig rope_with(double fraction, const std::string& scaling, double factor) {
+  RopeConfig config;
+  config.fraction = fraction;
+  config.scaling.kind = scaling;
+  config.scaling.factor = factor;
+  return config;
+}
+
+PopeConfig pope_with(const std::string& magnitude, bool learn_delta) {
+  PopeConfig config;
+  config.magnitude = magnitude;
+  config.learn_delta = learn_delta;
+  return config;
+}
+
+std::vector<EncodingCase> encoding_cases() {
+  AlibiConfig half_heads;
+  half_heads.head_fraction = 0.5;
+  return {
+      {"nope", [] { return std::unique_ptr<PositionEncoding>(std::make_unique<NopeEncoding>()); }},
+      {"rope", maker<RopeEncoding>(rope_with(1.0, "none", 1.0))},
+      {"rope_fraction_half", maker<RopeEncoding>(rope_with(0.5, "none", 1.0))},
+      // L_train 128 < T so that YaRN's ramp and its logit multiplier both matter.
+      {"rope_yarn", maker<RopeEncoding>(rope_with(1.0, "yarn", 4.0)), false, 128},
+      {"pope_softplus", maker<PopeEncoding>(pope_with("softplus", true)), true},
+      {"pope_identity", maker<PopeEncoding>(pope_with("identity", true)), true},
+      {"pope_relu", maker<PopeEncoding>(pope_with("relu", true)), true},
+      {"pope_no_delta", maker<PopeEncoding>(pope_with("softplus", false))},
+      {"alibi", maker<AlibiEncoding>(AlibiConfig{})},
+      {"alibi_half_heads", maker<AlibiEncoding>(half_heads)},
+  };
+}
+
+class CudaAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+class CudaAttentionVsCpu : public ::testing::TestWithParam<std::tuple<EncodingCase, int>> {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(CudaAttentionVsCpu, MatchesCpuReference) {
+  const auto& [encoding_case, seq_len] = GetParam();
+  const Problem problem =
+      make_problem(encoding_case, /*batch=*/2, seq_len, /*n_head=*/3, /*head_dim=*/64, 1234u + seq_len);
+  cuda::AttentionRunner runner;
+  const Result gpu = run_on_gpu(runner, problem);
+  expect_matches_cpu(problem, gpu, run_on_cpu(problem, gpu));
+}
+
+INSTANTIATE_TEST_SUITE_P(Encodings, CudaAttentionVsCpu,
+                         ::testing::Combine(::testing::ValuesIn(encoding_cases()), ::testing::Values(1, 37, 256, 1000)),
+                         [](const ::testing::TestParamInfo<std::tuple<EncodingCase, int>>& info) {
+                           return std::get<0>(info.param).name + "_T" + std::to_string(std::get<1>(info.param));
+                         });
+
+// Wider heads take the larger register-row instantiations (PoPE at d = 256 is 512 wide).
+TEST_F(CudaAttention, WideHeadsMatchCpu) {
+  const std::vector<EncodingCase> cases = encoding_cases();
+  for (const auto& [case_index, head_dim, seq_len] :
+       std::vector<std::tuple<std::size_t, int, int>>{{4, 128, 100}, {1, 128, 100}, {4, 256, 40}, {8, 96, 50}}) {
+    SCOPED_TRACE(cases[case_index].name + " head_dim " + std::to_string(head_dim));
+    const Problem problem = make_problem(cases[case_index], 2, seq_len, 3, head_dim, 99u);
+    cuda::AttentionRunner runner;
+    const Result gpu = run_on_gpu(runner, problem);
+    expect_matches_cpu(problem, gpu, run_on_cpu(problem, gpu));
+  }
+}
+
+// Evaluation windows start past position 0: phases p·ω reach thousands of radians.
+TEST_F(CudaAttention, PositionOffsetMatchesCpu) {
+  for (EncodingCase c : {encoding_cases()[1], encoding_cases()[4]}) {
+    SCOPED_TRACE(c.name);
+    c.position_offset = 9000;
+    const Problem problem = make_problem(c, 2, 37, 3, 64, 7u);
+    cuda::AttentionRunner runner;
+    const Result gpu = run_on_gpu(runner, problem);
+    expect_matches_cpu(problem, gpu, run_on_cpu(problem, gpu));
+  }
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_F(CudaAttention, RepeatedRunsAreBitwiseEqual) {
+  for (const EncodingCase& c : {encoding_cases()[4], encoding_cases()[8]}) {
+    SCOPED_TRACE(c.name);
+    const Problem problem = make_problem(c, 2, 300, 3, 64, 5u);
+    cuda::AttentionRunner runner;
+    const Result first = run_on_gpu(runner, problem);
+    const Result second = run_on_gpu(runner, problem);
+    EXPECT_TRUE(bitwise_equal(first.out, second.out));
+    EXPECT_TRUE(bitwise_equal(first.lse, second.lse));
+    EXPECT_TRUE(bitwise_equal(first.dqkv, second.dqkv));
+    ASSERT_EQ(first.grads.size(), second.grads.size());
+    for (std::size_t i = 0; i < first.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(first.grads[i], second.grads[i]));
+  }
+}
+
+std::size_t device_bytes_in_use() {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  POPE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes - free_bytes;
+}
+
+// Long context: memory stays O(B·H·T·width) (the runner's four f32 row buffers), never a
+// T×T matrix, and a forward + backward takes well under a second.
+TEST_F(CudaAttention, LongContextMemoryAndTime) {
+  const EncodingCase pope = encoding_cases()[4];
+  {  // warm up module loading and the device's per-thread stack outside the measurement
+    cuda::AttentionRunner warm;
+    run_on_gpu(warm, make_problem(pope, 1, 37, 2, 64, 3u));
+  }
+  const int batch = 2, n_head = 4, seq_len = 4096, head_dim = 64;
+  const Problem problem = make_problem(pope, batch, seq_len, n_head, head_dim, 11u);
+  const std::size_t rows = std::size_t(batch) * n_head * seq_len;
+  // Inputs and outputs of the call itself (qkv, dout, out, dqkv in bf16, lse) are allocated by run_on_gpu.
+  const std::size_t io_bytes = problem.qkv.size() * 2 * 2 + problem.dout.size() * 2 * 2 + rows * 4;
+  const std::size_t scratch_bound = 4 * rows * 2 * head_dim * sizeof(float) + rows * sizeof(float);
+  const std::size_t slack = std::size_t(32) << 20;  // allocation granularity, parameter buffers
+  cuda::AttentionRunner runner;
+  const std::size_t before = device_bytes_in_use();
+  run_on_gpu(runner, problem);  // first call grows the scratch
+  const std::size_t grown = device_bytes_in_use() - before;
+  EXPECT_LT(grown, scratch_bound + slack) << "scratch beyond O(B·H·T·width)";
+  const std::size_t score_matrix = rows * std::size_t(seq_len) * sizeof(float);
+  EXPECT_LT(grown, score_matrix / 4) << "memory grows like a T×T matrix";
+
+  const auto start = std::chrono::steady_clock::now();
+  const Result result = run_on_gpu(runner, problem);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(count_non_finite(result.out), 0u);
+  EXPECT_EQ(count_non_finite(result.dqkv), 0u);
+  EXPECT_LT(seconds, 1.0) << "forward + backward at T = 4096 (with host transfers)";
+  std::printf(
+      "pope attention B=%d H=%d T=%d d=%d: forward + backward incl. transfers %.1f ms, scratch %.1f MiB "
+      "(io %.1f MiB)\n",
+      batch, n_head, seq_len, head_dim, seconds * 1e3, double(grown) / (1 << 20), double(io_bytes) / (1 << 20));
+}
+
+// The 124M training shape (micro-batch 8, T = 1024, H = 12, d = 64): twelve layers of
+// forward + backward must fit well inside a second.
+TEST_F(CudaAttention, TrainingShapeIsFastEnough) {
+  const EncodingCase pope = encoding_cases()[4];
+  const Problem problem = make_problem(pope, 8, 1024, 12, 64, 13u);
+  cuda::AttentionRunner runner;
+  run_on_gpu(runner, problem);  // warm-up and scratch growth
+  const Shape qkv_shape{problem.rows(), 3 * problem.channels()}, out_shape{problem.rows(), problem.channels()};
+  const Shape lse_shape{problem.shape.batch, problem.shape.n_head, problem.shape.seq_len};
+  DeviceBuffer qkv(problem.qkv.size() * 2), dout(problem.dout.size() * 2), out(problem.dout.size() * 2),
+      dqkv(problem.qkv.size() * 2), lse(std::size_t(problem.statistics()) * 4), delta(problem.params[0].size() * 4),
+      ddelta(problem.params[0].size() * 4);
+  qkv.upload(to_bf16(problem.qkv).data());
+  dout.upload(to_bf16(problem.dout).data());
+  delta.upload(problem.params[0].data());
+  ddelta.upload(problem.initial_grads[0].data());
+  const std::vector<Tensor> params{delta.tensor(DType::f32, {std::int64_t(problem.params[0].size())})};
+  const std::vector<Tensor> grads{ddelta.tensor(DType::f32, {std::int64_t(problem.params[0].size())})};
+  AttentionForward forward;
+  forward.shape = problem.shape;
+  forward.encoding = problem.encoding.get();
+  forward.position = problem.ctx;
+  forward.qkv = qkv.tensor(DType::bf16, qkv_shape);
+  forward.out = out.tensor(DType::bf16, out_shape);
+  forward.lse = lse.tensor(DType::f32, lse_shape);
+  forward.position_params = params;
+  AttentionBackward backward;
+  backward.shape = problem.shape;
+  backward.encoding = problem.encoding.get();
+  backward.position = problem.ctx;
+  backward.qkv = forward.qkv;
+  backward.out = forward.out;
+  backward.lse = forward.lse;
+  backward.dout = dout.tensor(DType::bf16, out_shape);
+  backward.dqkv = dqkv.tensor(DType::bf16, qkv_shape);
+  backward.position_params = params;
+  backward.position_grads = grads;
+
+  cudaEvent_t start, stop;
+  POPE_CUDA_CHECK(cudaEventCreate(&start));
+  POPE_CUDA_CHECK(cudaEventCreate(&stop));
+  constexpr int kLayers = 12;
+  POPE_CUDA_CHECK(cudaEventRecord(start, nullptr));
+  for (int layer = 0; layer < kLayers; ++layer) runner.forward(forward, nullptr);
+  for (int layer = 0; layer < kLayers; ++layer) runner.backward(backward, nullptr);
+  POPE_CUDA_CHECK(cudaEventRecord(stop, nullptr));
+  POPE_CUDA_CHECK(cudaEventSynchronize(stop));
+  float milliseconds = 0.0f;
+  POPE_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::printf("pope attention B=8 T=1024 H=12 d=64: %d layers forward + backward %.2f ms\n", kLayers, milliseconds);
+  EXPECT_LT(milliseconds, 500.0f);
+}
+
+// ---------------------------------------------------------------- bad calls
+
+class MysteryEncoding final : public PositionEncoding {
+ public:
+  std::string kind() const override { return "mystery"; }
+};
+
+// A valid small forward call whose pieces the tests below spoil one at a time.
+struct SmallCall {
+  DeviceBuffer qkv{std::size_t(2 * 8 * 3 * 64) * 2}, out{std::size_t(2 * 8 * 64) * 2}, lse{std::size_t(2 * 1 * 8) * 4};
+  NopeEncoding nope;
+  AttentionForward args;
+  SmallCall() {
+    args.shape = {2, 8, 1, 64};
+    args.encoding = &nope;
+    args.position.seq_len = 8;
+    args.position.train_length = 1024;
+    args.position.n_head = 1;
+    args.position.head_dim = 64;
+    args.qkv = qkv.tensor(DType::bf16, {16, 192});
+    args.out = out.tensor(DType::bf16, {16, 64});
+    args.lse = lse.tensor(DType::f32, {2, 1, 8});
+  }
+};
+
+template <class Error>
+std::string message_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no " + std::string(typeid(Error).name()) + " thrown)";
+}
+
+TEST_F(CudaAttention, UnknownEncodingIsNamed) {
+  SmallCall call;
+  MysteryEncoding mystery;
+  call.args.encoding = &mystery;
+  cuda::AttentionRunner runner;
+  EXPECT_NE(message_of<std::runtime_error>([&] { runner.forward(call.args, nullptr); }).find("'mystery'"),
+            std::string::npos);
+}
+
+TEST_F(CudaAttention, BadTensorsAreNamed) {
+  cuda::AttentionRunner runner;
+  {
+    SmallCall call;
+    std::vector<float> host(16 * 192);
+    call.args.qkv = host_tensor(host, {16, 192});
+    const std::string message = message_of<std::invalid_argument>([&] { runner.forward(call.args, nullptr); });
+    EXPECT_NE(message.find("qkv"), std::string::npos) << message;
+    EXPECT_NE(message.find("lives on cpu"), std::string::npos) << message;
+  }
+  {
+    SmallCall call;
+    call.args.lse = call.lse.tensor(DType::bf16, {2, 1, 8});
+    EXPECT_NE(message_of<std::invalid_argument>([&] { runner.forward(call.args, nullptr); }).find("lse"),
+              std::string::npos);
+  }
+  {
+    SmallCall call;
+    call.args.position.seq_len = 9;
+    EXPECT_NE(message_of<std::invalid_argument>([&] { runner.forward(call.args, nullptr); }).find("seq_len"),
+              std::string::npos);
+  }
+  {
+    SmallCall call;
+    PopeEncoding pope{PopeConfig{}};  // learns δ, but no parameter tensor is passed
+    call.args.encoding = &pope;
+    EXPECT_NE(message_of<std::invalid_argument>([&] { runner.forward(call.args, nullptr); }).find("position_params"),
+              std::string::npos);
+  }
+}
+
+}  // namespace
