@@ -1,5 +1,5 @@
-// Picks the backend for `--device`: the CPU reference, or CUDA when built with it and a
-// GPU is present.
+// Picks the backend for `--device`: the CPU reference, or CUDA (auto: when built with it
+// and a GPU is present).
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -7,6 +7,7 @@
 #include "cpu/cpu_backend.hpp"
 #include "pope/backend.hpp"
 #ifdef POPE_HAVE_CUDA
+#include "cuda/cuda_backend.hpp"
 #include "cuda/cuda_device.hpp"
 #endif
 
@@ -21,16 +22,11 @@ bool cuda_available() {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision, int threads) {
-  if (device == "cpu" || device == "auto") {
-    // The CUDA training backend is not part of this build yet, so "auto" means the CPU.
-    return make_cpu_backend(cpu_precision, threads);
-  }
-  if (device == "cuda") {
+  if (device == "cpu" || (device == "auto" && !cuda_available())) return make_cpu_backend(cpu_precision, threads);
+  if (device == "cuda" || device == "auto") {
 #ifdef POPE_HAVE_CUDA
     if (!cuda_available()) throw std::runtime_error("--device cuda: no CUDA device is visible on this machine");
-    throw std::runtime_error(fmt::format("--device cuda: found {}, but CUDA training is not implemented yet in this "
-                                         "version; use --device cpu",
-                                         cuda_device_summary(0)));
+    return make_cuda_backend(0);
 #else
     throw std::runtime_error("--device cuda: this build has no CUDA backend (nvcc was not found at configure time)");
 #endif
