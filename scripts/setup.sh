@@ -10,8 +10,10 @@ PACKAGES=(
   libopenblas-dev
   libpcre2-dev liblzma-dev zlib1g-dev xz-utils
   python3 python3-numpy
-  nodejs npm
 )
+# Node.js and npm (tokenizer oracle, npm registry downloads): any installation will do, e.g. a
+# nodesource nodejs that bundles npm and conflicts with Debian's npm package.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
