@@ -1,30 +1,26 @@
-// Argument validation shared by the CPU ops. A mismatch throws std::invalid_argument whose
-// message names the op, the argument and what was expected, e.g.
-//   "rmsnorm_forward: gain is f32 [768], expected f32 with 1024 elements".
+// Argument validation for the CPU ops: the shared checks (core/tensor_checks.hpp) for
+// tensors that must live in host memory.
 #pragma once
 
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-#include "pope/tensor.hpp"
+#include "core/tensor_checks.hpp"
 
 namespace pope::cpu {
 
-[[noreturn]] void fail(std::string_view op, const std::string& message);
-inline void require(bool ok, std::string_view op, const std::string& message) {
-  if (!ok) fail(op, message);
-}
+using checks::fail;
+using checks::require;
 
-// A host tensor of `dtype` with `numel` elements.
-void check_vector(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t numel);
-// A host tensor of `dtype` seen as [rows, cols]: its last dimension is cols and it holds
-// rows·cols elements (so [B, T, C] and [B·T, C] both pass).
-void check_matrix(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t rows,
-                  std::int64_t cols);
-// A 2-D host tensor of `dtype`.
-void check_2d(std::string_view op, std::string_view name, const Tensor& t, DType dtype);
-// A host tensor of any floating-point dtype (f32, f64, bf16).
-void check_floating(std::string_view op, std::string_view name, const Tensor& t);
+inline void check_vector(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t numel) {
+  checks::check_vector(DeviceKind::cpu, op, name, t, dtype, numel);
+}
+inline void check_matrix(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t rows,
+                         std::int64_t cols) {
+  checks::check_matrix(DeviceKind::cpu, op, name, t, dtype, rows, cols);
+}
+inline void check_2d(std::string_view op, std::string_view name, const Tensor& t, DType dtype) {
+  checks::check_2d(DeviceKind::cpu, op, name, t, dtype);
+}
+inline void check_floating(std::string_view op, std::string_view name, const Tensor& t) {
+  checks::check_floating(DeviceKind::cpu, op, name, t);
+}
 
 }  // namespace pope::cpu
