@@ -23,6 +23,8 @@
 #include "attention/qk_transform.cuh"
 #include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/cuda_tensor_checks.hpp"
+#include "cuda/device_scratch.hpp"
 
 namespace pope::cuda {
 
@@ -31,69 +33,6 @@ namespace {
 using kernels::AttentionDims;
 using kernels::QkTransformKind;
 using kernels::QkTransformParams;
-
-// The next three helpers have the names, signatures and messages of cuda/device_scratch.hpp
-// and cuda/cuda_tensor_checks.hpp on the cuda-ops branch, so that once both branches are
-// merged they can be replaced by those headers.
-
-// Device memory that only grows.
-class DeviceScratch {
- public:
-  DeviceScratch() = default;
-  DeviceScratch(const DeviceScratch&) = delete;
-  DeviceScratch& operator=(const DeviceScratch&) = delete;
-  ~DeviceScratch() {
-    if (data_) cudaFree(data_);  // no throwing from a destructor; a failure here only leaks
-  }
-
-  // At least `bytes` of device memory. Growing frees the old block; cudaFree waits for the
-  // device to finish, so no queued kernel still uses it.
-  void* reserve(std::size_t bytes) {
-    if (bytes <= bytes_ && data_) return data_;
-    if (data_) POPE_CUDA_CHECK(cudaFree(data_));
-    data_ = nullptr;
-    bytes_ = 0;
-    POPE_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 1 : bytes));
-    bytes_ = bytes;
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-[[noreturn]] void fail(std::string_view op, const std::string& message) {
-  throw std::invalid_argument(fmt::format("{}: {}", op, message));
-}
-
-void require(bool ok, std::string_view op, const std::string& message) {
-  if (!ok) fail(op, message);
-}
-
-std::string describe(const Tensor& t) { return fmt::format("{} {}", dtype_name(t.dtype), shape_string(t.shape)); }
-
-void check_device(std::string_view op, std::string_view name, const Tensor& t) {
-  require(t.device == DeviceKind::cuda, op,
-          fmt::format("{} lives on {}, expected CUDA device memory", name, device_name(t.device)));
-  require(!t.empty() || t.numel() == 0, op, fmt::format("{} ({}) has no data", name, describe(t)));
-}
-
-// A device tensor of `dtype` with `numel` elements.
-void check_vector(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t numel) {
-  check_device(op, name, t);
-  require(t.dtype == dtype && t.numel() == numel, op,
-          fmt::format("{} is {}, expected {} with {} elements", name, describe(t), dtype_name(dtype), numel));
-}
-
-// A device tensor of `dtype` seen as [rows, cols] (its last dimension is cols).
-void check_matrix(std::string_view op, std::string_view name, const Tensor& t, DType dtype, std::int64_t rows,
-                  std::int64_t cols) {
-  check_device(op, name, t);
-  const bool shape_ok = !t.shape.empty() && t.shape.back() == cols && t.numel() == rows * cols;
-  require(t.dtype == dtype && shape_ok, op,
-          fmt::format("{} is {}, expected {} [{}, {}]", name, describe(t), dtype_name(dtype), rows, cols));
-}
 
 template <class T>
 T* reserve_elements(DeviceScratch& scratch, std::size_t count) {
