@@ -96,7 +96,7 @@ struct TrainConfig {
   std::uint64_t seed = 1337;
   int log_every = 10;
   int eval_every = 500;            // 0: never (a final evaluation still runs when val is set)
-  int eval_batches = 20;           // micro-batches of sequential validation windows
+  int eval_batches = 20;           // micro-batches of validation windows, spread over the file
   int checkpoint_every = 1000;     // 0: only at the end
   int keep_checkpoints = 3;
   int max_nonfinite_steps = 5;     // consecutive skipped updates before aborting

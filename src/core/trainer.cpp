@@ -147,11 +147,18 @@ double Trainer::evaluate() {
   if (val_sampler_->window_count() == 0)
     throw DataError(fmt::format("validation data {} holds no window of {} tokens", config_.data.val, T + 1));
   std::vector<std::int32_t> inputs(std::size_t(B) * T), targets(inputs.size());
+  // Windows spread evenly over the whole validation stream: the first eval_batches·B windows
+  // would only see the beginning of the file, often one or two documents.
+  const std::uint64_t windows = val_sampler_->window_count();
+  const std::uint64_t wanted = std::min<std::uint64_t>(windows, std::uint64_t(config_.train.eval_batches) * B);
   LossSum total;
-  for (int b = 0; b < config_.train.eval_batches; ++b) {
-    const int filled = val_sampler_->fill(std::uint64_t(b) * B, B, inputs.data(), targets.data());
-    if (filled == 0) break;
-    const LossSum part = model_->forward(inputs.data(), targets.data(), filled, T);
+  for (std::uint64_t first = 0; first < wanted; first += std::uint64_t(B)) {
+    const int batch = int(std::min<std::uint64_t>(std::uint64_t(B), wanted - first));
+    for (int b = 0; b < batch; ++b) {
+      const std::uint64_t window = (first + std::uint64_t(b)) * windows / wanted;
+      val_sampler_->fill(window, 1, inputs.data() + std::size_t(b) * T, targets.data() + std::size_t(b) * T);
+    }
+    const LossSum part = model_->forward(inputs.data(), targets.data(), batch, T);
     total.sum += part.sum;
     total.count += part.count;
   }
