@@ -174,13 +174,14 @@ def parameter_shapes(model):
     C, V, H, d = model["n_embd"], model["padded_vocab_size"], model["n_head"], model["n_embd"] // model["n_head"]
     position = model["position"]
     has_delta = position["kind"] == "pope" and position["pope"]["learn_delta"]
-    shapes = {"wte.weight": [V, C], "final_norm.weight": [C]}
+    shapes = {"wte.weight": [V, C]}
     for i in range(model["n_layer"]):
         shapes.update({f"layers.{i}.attn_norm.weight": [C], f"layers.{i}.attn.qkv.weight": [3 * C, C],
                        f"layers.{i}.attn.proj.weight": [C, C], f"layers.{i}.mlp_norm.weight": [C],
                        f"layers.{i}.mlp.fc.weight": [4 * C, C], f"layers.{i}.mlp.proj.weight": [C, 4 * C]})
         if has_delta:
             shapes[f"layers.{i}.position.delta"] = [H, d]
+    shapes["final_norm.weight"] = [C]
     return shapes
 
 

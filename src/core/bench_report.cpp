@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "pope/bench.hpp"
@@ -48,7 +49,7 @@ std::string format_profile(const TrainBenchResult& r) {
   out += "\n| matmul (a linear layer computes x·Wᵀ) | calls | ms | TFLOP/s |\n|---|---:|---:|---:|\n";
   for (const OpTime& t : r.profile)
     if (t.op == "matmul")
-      out += fmt::format("| {} | {} | {:.2f} | {:.1f} |\n", t.detail, t.calls, t.seconds * 1e3,
+      out += fmt::format("| {} | {} | {:.2f} | {:.3g} |\n", t.detail, t.calls, t.seconds * 1e3,
                          t.seconds > 0 ? t.flops / t.seconds / 1e12 : 0.0);
   return out;
 }
@@ -56,6 +57,7 @@ std::string format_profile(const TrainBenchResult& r) {
 }  // namespace
 
 std::string format_train_bench(const TrainBenchResult& r) {
+  if (r.step_seconds.empty()) throw std::invalid_argument("format_train_bench: the result holds no timed step");
   const auto [fastest, slowest] = std::minmax_element(r.step_seconds.begin(), r.step_seconds.end());
   std::string out = fmt::format(
       "pope-bench train: {} | position {} | {:.2f}M parameters\n"
@@ -68,7 +70,7 @@ std::string format_train_bench(const TrainBenchResult& r) {
                      r.step_seconds.size(), r.median_step_seconds * 1e3, *fastest * 1e3, *slowest * 1e3);
   out += fmt::format("| forward / backward / optimizer ms per step | {:.1f} / {:.1f} / {:.1f} |\n",
                      r.forward_seconds * 1e3, r.backward_seconds * 1e3, r.optimizer_seconds * 1e3);
-  out += fmt::format("| model TFLOP/s | {:.1f} |\n", r.model_tflops);
+  out += fmt::format("| model TFLOP/s | {:.3g} |\n", r.model_tflops);
   out += fmt::format("| MFU vs {:.0f} TFLOP/s (H200 bf16) | {} |\n", kH200PeakBf16Flops / 1e12,
                      optional_text(r.mfu, "{:.3f}", 1.0));
   out += fmt::format("| device memory in use, peak (added by this run) | {} ({}) |\n",

@@ -56,10 +56,11 @@ print("\n".join(problems) or "JSON ok")
 sys.exit(1 if problems else 0)
 PY
 
-# The profile lists the op families and the matmul shapes.
+# The profile lists the op families and the matmul shapes (the last: the tied classifier, 64 rows × padded
+# vocabulary 64; brackets escaped for grep).
 expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --profile
 for what in "Profile of one step" "| matmul |" "| attention_backward |" "| adamw |" "| cross_entropy |" \
-  "out [64, 64] = a [64, 32] · bᵀ [64, 32]"; do
+  "out \\[64, 64\\] = a \\[64, 32\\] · bᵀ \\[64, 32\\]"; do
   expect_output "$what"
 done
 
