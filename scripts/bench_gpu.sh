@@ -14,6 +14,7 @@
 #        BUILD        build directory (default build/gpu; pope-bench is built there if stale)
 #        POPE_BENCH_DEVICE=cpu POPE_BENCH_TINY=1   a quick dry run of the script's pope parts on a
 #                     machine without a GPU (tiny shapes; the anchor needs CUDA and is skipped)
+#        PYTHON       python with torch for the oracle and the anchor (default python3 on PATH)
 #        SKIP_ANCHOR=1  leave out the anchor (it spends most of its time in torch.compile)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,7 @@ BUILD="${BUILD:-build/gpu}"
 DEVICE="${POPE_BENCH_DEVICE:-cuda}"
 mkdir -p "$LOGS"
 export PATH="/opt/torch/.venv/bin:$PATH"
+PYTHON="${PYTHON:-python3}"  # the one with torch (on the GPU machine: /opt/torch/.venv/bin/python3)
 BENCH="$BUILD/src/pope-bench"
 
 STEPS=10 WARMUP=3
@@ -72,11 +74,12 @@ for pos in nope rope pope alibi; do
   if "$BENCH" train --config owt_124m --device "$DEVICE" --dump-step "$dump" --set model.position.kind="$pos" \
       --set model.n_layer=2 --set train.micro_batch_size=4 --set train.batch_size=4 --set train.seq_len=256 \
       "${SHRINK[@]}" "${extra[@]}" >"$LOGS/dump_$pos.log" 2>&1; then
-    python3 scripts/reference/torch_gpt.py "$dump" --device "$DEVICE" >"$LOGS/oracle_$pos.txt" 2>&1
+    "$PYTHON" scripts/reference/torch_gpt.py "$dump" --device "$DEVICE" >"$LOGS/oracle_$pos.txt" 2>&1
     case $? in
       0) verdict="pass" ;; 77) verdict="skipped (no torch)" ;; *) verdict="FAIL" ;;
     esac
-    oracle_summary+=("| oracle $pos | $verdict: $(grep '^loss:' "$LOGS/oracle_$pos.txt" | sed 's/ (tolerance.*//') |")
+    details="$(grep -E '^(loss|MISMATCH|error):' "$LOGS/oracle_$pos.txt" | sed 's/ (tolerance[^)]*)//' | paste -sd ';' -)"
+    oracle_summary+=("| oracle $pos | $verdict${details:+: $details} |")
   else
     oracle_summary+=("| oracle $pos | dump failed: $(tail -1 "$LOGS/dump_$pos.log") |")
   fi
@@ -86,7 +89,7 @@ rm -f "$LOGS"/dump_*.safetensors  # 124M-wide dumps are large; the logs keep the
 # 4: the anchor (JSON lines), same GPU, same run.
 : >"$LOGS/anchor.jsonl"
 if [ "$DEVICE" = cuda ] && [ "${SKIP_ANCHOR:-0}" != 1 ]; then
-  timeout 300 python3 scripts/reference/anchors/torch_gpt_anchor.py train train774 >"$LOGS/anchor.jsonl" \
+  timeout 300 "$PYTHON" scripts/reference/anchors/torch_gpt_anchor.py train train774 >"$LOGS/anchor.jsonl" \
     2>"$LOGS/anchor.err" || { echo "anchor failed or timed out:"; tail -5 "$LOGS/anchor.err"; }
 fi
 
