@@ -21,7 +21,6 @@ class ProfilingBackend final : public Backend {
   explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
 
   void set_enabled(bool enabled) { enabled_ = enabled; }
-  void reset() { times_.clear(); }
   // Accumulated times, the slowest first.
   std::vector<OpTime> times() const;
 

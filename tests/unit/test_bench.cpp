@@ -79,8 +79,6 @@ TEST(ProfilingBackend, ForwardsOpsAndTimesThemOnlyWhileEnabled) {
   EXPECT_EQ(matmul->calls, 2);
   EXPECT_DOUBLE_EQ(matmul->flops, 2 * (2.0 * 4 * 5 * 3));
   EXPECT_GT(matmul->seconds, 0.0);
-  profiler.reset();
-  EXPECT_TRUE(profiler.times().empty());
 }
 
 TEST(TrainBenchmark, FlopsPerTokenFollowTheNanoGptConvention) {
