@@ -6,11 +6,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "pope/config.hpp"
 
@@ -27,34 +26,34 @@ double model_flops_per_token(std::int64_t parameters, const ModelConfig& model, 
 struct TrainBenchOptions {
   int warmup_steps = 3;
   int timed_steps = 10;
-  bool use_data = false;   // windows of data.train instead of random tokens
-  bool profile = false;    // one extra step with a per-op time breakdown (ProfilingBackend)
+  bool use_data = false;  // windows of data.train instead of random tokens
+  bool profile = false;   // one extra step with a per-op time breakdown (ProfilingBackend)
   std::uint64_t seed = 1337;
 };
 
 // Time of one op family (and, for matmuls, one shape) summed over the profiled step.
 struct OpTime {
-  std::string op;       // backend op name, e.g. "matmul", "attention_backward"
-  std::string detail;   // "" or the shape, e.g. "out [1024, 2304] = a [1024, 768] · bᵀ [2304, 768]"
+  std::string op;      // backend op name, e.g. "matmul", "attention_backward"
+  std::string detail;  // "" or the shape, e.g. "out [1024, 2304] = a [1024, 768] · bᵀ [2304, 768]"
   long calls = 0;
   double seconds = 0.0;
-  double flops = 0.0;   // matmuls only (2·M·N·K per call); 0 elsewhere
+  double flops = 0.0;  // matmuls only (2·M·N·K per call); 0 elsewhere
 };
 
 struct TrainBenchResult {
-  std::string backend;          // the backend's description
+  std::string backend;  // the backend's description
   bool on_gpu = false;
   std::string position_kind;
   std::int64_t parameters = 0;  // count_parameters: tied embedding once, padded rows excluded
   int micro_batch = 0, seq_len = 0, accumulation = 0;
   bool random_tokens = true;
   long tokens_per_step = 0;
-  std::vector<double> step_seconds;   // every timed step
+  std::vector<double> step_seconds;  // every timed step
   double median_step_seconds = 0.0;
-  double tokens_per_second = 0.0;     // tokens_per_step / median_step_seconds
+  double tokens_per_second = 0.0;  // tokens_per_step / median_step_seconds
   double flops_per_token = 0.0;
   double model_tflops = 0.0;
-  std::optional<double> mfu;          // GPU only: model FLOP/s over kH200PeakBf16Flops
+  std::optional<double> mfu;  // GPU only: model FLOP/s over kH200PeakBf16Flops
   // Medians per step: forward (Model::forward over the same micro-batches, timed separately),
   // backward (forward+backward minus forward), optimizer (gradient norm, clipping, AdamW).
   double forward_seconds = 0.0, backward_seconds = 0.0, optimizer_seconds = 0.0;

@@ -40,8 +40,7 @@ class ProfilingBackend final : public Backend {
   void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens) override;
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor gain, double eps) override;
   void rmsnorm_backward(Tensor dx, Tensor dgain, Tensor dout, Tensor x, Tensor gain, Tensor rstd) override;
-  void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha,
-              double beta) override;
+  void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha, double beta) override;
   void gelu_forward(Tensor out, Tensor x) override;
   void gelu_backward(Tensor dx, Tensor dout, Tensor x) override;
   void add(Tensor out, Tensor a, Tensor b) override;
@@ -58,7 +57,10 @@ class ProfilingBackend final : public Backend {
   // (and `flops`) to the entry (op, detail). `detail` is only evaluated while enabled.
   template <class Call>
   auto timed(const char* op, const std::function<std::string()>& detail, double flops, Call&& call);
-  template <class Call> auto timed(const char* op, Call&& call) { return timed(op, nullptr, 0.0, call); }
+  template <class Call>
+  auto timed(const char* op, Call&& call) {
+    return timed(op, nullptr, 0.0, call);
+  }
 
   Backend& inner_;
   bool enabled_ = false;

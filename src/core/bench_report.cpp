@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <map>
-#include <stdexcept>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "pope/bench.hpp"
 
@@ -112,7 +112,8 @@ nlohmann::json train_bench_to_json(const TrainBenchResult& r) {
   if (!r.profile.empty()) {
     nlohmann::json ops = nlohmann::json::array();
     for (const OpTime& t : r.profile)
-      ops.push_back({{"op", t.op}, {"detail", t.detail}, {"calls", t.calls}, {"seconds", t.seconds}, {"flops", t.flops}});
+      ops.push_back(
+          {{"op", t.op}, {"detail", t.detail}, {"calls", t.calls}, {"seconds", t.seconds}, {"flops", t.flops}});
     j["profile"] = {{"step_seconds", r.profiled_step_seconds}, {"ops", ops}};
   }
   return j;

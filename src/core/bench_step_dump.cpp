@@ -23,7 +23,8 @@ constexpr double kParameterJitter = 0.3;
 // One target in this many is masked (−1), so the masked-target path is compared too.
 constexpr std::uint64_t kMaskOneIn = 16;
 
-template <class T> std::vector<std::uint8_t> to_bytes(std::span<const T> values) {
+template <class T>
+std::vector<std::uint8_t> to_bytes(std::span<const T> values) {
   std::vector<std::uint8_t> bytes(values.size_bytes());
   std::memcpy(bytes.data(), values.data(), bytes.size());
   return bytes;
@@ -86,7 +87,8 @@ void write_step_dump(const RunConfig& config, const std::filesystem::path& path,
   const float mean_loss = static_cast<float>(loss.mean());
   tensors.push_back({"loss", DType::f32, {}, to_bytes(std::span<const float>(&mean_loss, 1))});
   for (std::size_t i = 0; i < layout.specs().size(); ++i)
-    tensors.push_back({"grad." + layout.specs()[i].name, DType::f32, layout.specs()[i].shape, to_bytes(slice(grads, i))});
+    tensors.push_back(
+        {"grad." + layout.specs()[i].name, DType::f32, layout.specs()[i].shape, to_bytes(slice(grads, i))});
 
   write_safetensors(path, tensors,
                     {{"format", "pope-step-dump"},

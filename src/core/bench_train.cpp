@@ -27,7 +27,9 @@ double model_flops_per_token(std::int64_t parameters, const ModelConfig& model, 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0.0;
@@ -81,9 +83,10 @@ class StepRunner {
     times.optimizer = seconds_between(middle, end);
     times.loss = loss_sum / double(tokens_per_step());
     if (!std::isfinite(times.loss) || !result.applied)
-      throw std::runtime_error(fmt::format("benchmark step {}: non-finite loss {} or gradient norm {}; the numbers "
-                                           "would be meaningless (check the config's optim.lr and the backend)",
-                                           step_number, times.loss, result.grad_norm));
+      throw std::runtime_error(
+          fmt::format("benchmark step {}: non-finite loss {} or gradient norm {}; the numbers "
+                      "would be meaningless (check the config's optim.lr and the backend)",
+                      step_number, times.loss, result.grad_norm));
     return times;
   }
 
@@ -123,8 +126,7 @@ TrainBenchResult run_train_benchmark(const RunConfig& config, const TrainBenchOp
   std::unique_ptr<Backend> device = make_backend(config.train.device, "float", config.train.threads);
   const std::optional<double> memory_before = device_memory_in_use(*device);
   // Only a profiled run goes through the decorator; while disabled it just forwards.
-  std::unique_ptr<ProfilingBackend> profiler =
-      options.profile ? std::make_unique<ProfilingBackend>(*device) : nullptr;
+  std::unique_ptr<ProfilingBackend> profiler = options.profile ? std::make_unique<ProfilingBackend>(*device) : nullptr;
   Backend& backend = profiler ? static_cast<Backend&>(*profiler) : *device;
 
   Model model(config.model, backend);

@@ -1,9 +1,9 @@
 // pope-bench: benchmarks. `train` times whole optimizer steps of a config's model and can dump
 // one forward/backward for the PyTorch oracle (scripts/reference/torch_gpt.py).
 // Exit codes: 0 done, 1 runtime/data error, 2 usage or config error.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -29,14 +29,17 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
       "Time full optimizer steps (micro-batches × accumulation + clipping + AdamW) of the config's model on random "
       "tokens (fixed seed) and print tokens/s, ms/step, model TFLOP/s, MFU and device memory.");
   train->add_option("-c,--config", cmd.config_path, "JSON config file; a bare name resolves in configs/")->required();
-  train->add_option("-s,--set", cmd.overrides, "override a config key, e.g. --set train.micro_batch_size=32 "
-                                              "(repeatable); the step is train.batch_size sequences");
+  train->add_option("-s,--set", cmd.overrides,
+                    "override a config key, e.g. --set train.micro_batch_size=32 "
+                    "(repeatable); the step is train.batch_size sequences");
   train->add_option("--device", cmd.device, "auto | cpu | cuda (overrides train.device)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   train->add_option("--steps", cmd.options.timed_steps, "timed optimizer steps (median reported)")
       ->default_val(10)
       ->check(CLI::PositiveNumber);
-  train->add_option("--warmup", cmd.options.warmup_steps, "untimed steps first")->default_val(3)->check(CLI::NonNegativeNumber);
+  train->add_option("--warmup", cmd.options.warmup_steps, "untimed steps first")
+      ->default_val(3)
+      ->check(CLI::NonNegativeNumber);
   train->add_option("--seed", cmd.options.seed, "seed of the random tokens (and of --dump-step's jitter)")
       ->default_val(1337);
   train->add_flag("--data", cmd.options.use_data, "random windows of data.train instead of random tokens");

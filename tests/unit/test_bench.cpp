@@ -45,7 +45,8 @@ OwnedTensor random_tensor(Backend& backend, Shape shape, Rng& rng) {
   return t;
 }
 
-template <class T> std::vector<T> values_of(const SafetensorsTensor& t) {
+template <class T>
+std::vector<T> values_of(const SafetensorsTensor& t) {
   std::vector<T> out(t.bytes.size() / sizeof(T));
   std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
   return out;
@@ -178,7 +179,8 @@ TEST(StepDump, HoldsTheModelsLossAndGradientsForItsWeightsAndBatch) {
   const std::vector<float> grads = tensor_to_host_f32(*backend, model.gradients());
   for (std::size_t i = 0; i < layout.specs().size(); ++i) {
     const std::vector<float> dumped = values_of<float>(dump.at("grad." + layout.specs()[i].name));
-    const std::vector<float> expected(grads.begin() + layout.offset(i), grads.begin() + layout.offset(i) + long(dumped.size()));
+    const std::vector<float> expected(grads.begin() + layout.offset(i),
+                                      grads.begin() + layout.offset(i) + long(dumped.size()));
     EXPECT_EQ(dumped, expected) << layout.specs()[i].name;
   }
 }
