@@ -32,6 +32,12 @@ for what in "tokens/s" "ms/step" "model TFLOP/s" "MFU vs 790" "FLOPs/token = 6·
   expect_output "$what"
 done
 
+# --data: random windows of data.train (ids below 64, so the vocabulary is widened to 64).
+make_tokens "$SCRATCH/train.bin" 4000 1
+expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --data \
+  --set data.train="$SCRATCH/train.bin" --set model.vocab_size=64
+expect_output "tokens/step (data.train windows)"
+
 # JSON: the numbers agree with each other and with the formula.
 expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 3 --warmup 0 --json "$SCRATCH/rope.json" \
   --set model.position.kind=rope
