@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 4's GPU benchmark in one call on the GPU machine (about 6–8 minutes on one H200):
+# Issue 4's GPU benchmark in one call on the GPU machine (planned for < 8 minutes on one H200; the
+# anchor's torch.compile takes most of it and is cut off after 300 s):
 #   1. pope-bench train, 124M (micro-batch 32) and 774M (micro-batch 16), RoPE and PoPE, T = 1024,
 #      random tokens, 3 warmup + 10 timed steps each (one step = one micro-batch, as the anchor);
 #   2. pope-bench train --profile once (124M PoPE): time per backend op;
