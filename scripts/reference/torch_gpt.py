@@ -240,6 +240,9 @@ def main():
         if "tokens" not in tensors or tensors["tokens"].dim() != 2:
             raise DumpError(f"{args.dump}: expected a tensor 'tokens' of shape [B, T]")
         require(tensors, "targets", tensors["tokens"].shape, args.dump)
+        vocab = model["vocab_size"]
+        if not (0 <= tensors["tokens"].min() and tensors["tokens"].max() < vocab and tensors["targets"].max() < vocab):
+            raise DumpError(f"{args.dump}: token or target ids outside the vocabulary [0, {vocab})")
         require(tensors, "loss", [], args.dump)
         weights = {n: require(tensors, n, s, args.dump).to(args.device, dtype).requires_grad_() for n, s in shapes.items()}
         for name, shape in shapes.items():
