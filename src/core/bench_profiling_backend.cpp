@@ -1,0 +1,126 @@
+#include "bench_profiling_backend.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <type_traits>
+
+namespace pope {
+
+namespace {
+
+// "out [M, N] = a [M, K] · bᵀ [N, K]" (+ "+ β·out" when accumulating): names the matmul's
+// place in the model well enough (qkv, classifier, weight gradient, …) to read a profile.
+std::string matmul_detail(const Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double beta) {
+  return fmt::format("out {} = a{} {} · b{} {}{}", shape_string(out.shape), ta ? "ᵀ" : "", shape_string(a.shape),
+                     tb ? "ᵀ" : "", shape_string(b.shape), beta != 0.0 ? " + β·out" : "");
+}
+
+}  // namespace
+
+template <class Call>
+auto ProfilingBackend::timed(const char* op, const std::function<std::string()>& detail, double flops, Call&& call) {
+  if (!enabled_) return call();
+  inner_.synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  // Sums this call into its entry once the call and the synchronize after it are done.
+  auto record = [&] {
+    inner_.synchronize();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string key_detail = detail ? detail() : std::string();
+    OpTime& entry = times_[{op, key_detail}];
+    entry.op = op;
+    entry.detail = std::move(key_detail);
+    entry.calls += 1;
+    entry.seconds += seconds;
+    entry.flops += flops;
+  };
+  if constexpr (std::is_void_v<decltype(call())>) {
+    call();
+    record();
+  } else {
+    auto result = call();
+    record();
+    return result;
+  }
+}
+
+std::vector<OpTime> ProfilingBackend::times() const {
+  std::vector<OpTime> out;
+  for (const auto& [key, entry] : times_) out.push_back(entry);
+  std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+Buffer ProfilingBackend::allocate(std::size_t bytes) {
+  return timed("allocate", [&] { return inner_.allocate(bytes); });
+}
+void ProfilingBackend::fill(Tensor t, double value) {
+  timed("fill", [&] { inner_.fill(t, value); });
+}
+void ProfilingBackend::copy(Tensor dst, Tensor src) {
+  timed("copy", [&] { inner_.copy(dst, src); });
+}
+void ProfilingBackend::convert(Tensor dst, Tensor src) {
+  timed("convert", [&] { inner_.convert(dst, src); });
+}
+void ProfilingBackend::copy_from_host(Tensor dst, const void* src) {
+  timed("copy_from_host", [&] { inner_.copy_from_host(dst, src); });
+}
+void ProfilingBackend::copy_to_host(void* dst, Tensor src) {
+  timed("copy_to_host", [&] { inner_.copy_to_host(dst, src); });
+}
+
+void ProfilingBackend::embedding_forward(Tensor out, Tensor tokens, Tensor wte) {
+  timed("embedding_forward", [&] { inner_.embedding_forward(out, tokens, wte); });
+}
+void ProfilingBackend::embedding_backward(Tensor dwte, Tensor dout, Tensor tokens) {
+  timed("embedding_backward", [&] { inner_.embedding_backward(dwte, dout, tokens); });
+}
+void ProfilingBackend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor gain, double eps) {
+  timed("rmsnorm_forward", [&] { inner_.rmsnorm_forward(out, rstd, x, gain, eps); });
+}
+void ProfilingBackend::rmsnorm_backward(Tensor dx, Tensor dgain, Tensor dout, Tensor x, Tensor gain, Tensor rstd) {
+  timed("rmsnorm_backward", [&] { inner_.rmsnorm_backward(dx, dgain, dout, x, gain, rstd); });
+}
+
+void ProfilingBackend::matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha,
+                              double beta) {
+  // out is [M, N]; the shared dimension K is a's second dimension, or its first when transposed.
+  const double flops = out.shape.size() == 2 && a.shape.size() == 2
+                           ? 2.0 * double(out.shape[0]) * double(out.shape[1]) * double(a.shape[transpose_a ? 0 : 1])
+                           : 0.0;
+  timed(
+      "matmul", [&] { return matmul_detail(out, a, b, transpose_a, transpose_b, beta); }, flops,
+      [&] { inner_.matmul(out, a, b, transpose_a, transpose_b, alpha, beta); });
+}
+
+void ProfilingBackend::gelu_forward(Tensor out, Tensor x) {
+  timed("gelu_forward", [&] { inner_.gelu_forward(out, x); });
+}
+void ProfilingBackend::gelu_backward(Tensor dx, Tensor dout, Tensor x) {
+  timed("gelu_backward", [&] { inner_.gelu_backward(dx, dout, x); });
+}
+void ProfilingBackend::add(Tensor out, Tensor a, Tensor b) {
+  timed("add", [&] { inner_.add(out, a, b); });
+}
+void ProfilingBackend::attention_forward(const AttentionForward& args) {
+  timed("attention_forward", [&] { inner_.attention_forward(args); });
+}
+void ProfilingBackend::attention_backward(const AttentionBackward& args) {
+  timed("attention_backward", [&] { inner_.attention_backward(args); });
+}
+void ProfilingBackend::cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
+                                     double grad_scale) {
+  timed("cross_entropy", [&] { inner_.cross_entropy(losses, logits, targets, vocab_size, compute_grad, grad_scale); });
+}
+double ProfilingBackend::sum_of_squares(Tensor x) {
+  return timed("sum_of_squares", [&] { return inner_.sum_of_squares(x); });
+}
+void ProfilingBackend::adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+                             const AdamWStep& step, Tensor compute_copy) {
+  timed("adamw", [&] { inner_.adamw(params, grads, m, v, segments, step, compute_copy); });
+}
+
+}  // namespace pope

@@ -1,0 +1,70 @@
+// A timing decorator over another Backend: forwards every op and, while enabled, brackets
+// each one with synchronize() and a steady clock, summing the time per op name (and per shape
+// for matmuls). Synchronising around every op serialises host and device, so a profiled step
+// is slower than a real one; what it buys is an accurate time for each op, whose sum is then
+// compared with the profiled step's wall time. While disabled it only forwards.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pope/backend.hpp"
+#include "pope/bench.hpp"
+
+namespace pope {
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
+
+  void set_enabled(bool enabled) { enabled_ = enabled; }
+  // Accumulated times, the slowest first.
+  std::vector<OpTime> times() const;
+
+  DeviceKind device() const override { return inner_.device(); }
+  BackendDTypes dtypes() const override { return inner_.dtypes(); }
+  std::string description() const override { return inner_.description(); }
+
+  Buffer allocate(std::size_t bytes) override;
+  void fill(Tensor t, double value) override;
+  void copy(Tensor dst, Tensor src) override;
+  void convert(Tensor dst, Tensor src) override;
+  void copy_from_host(Tensor dst, const void* src) override;
+  void copy_to_host(void* dst, Tensor src) override;
+  void synchronize() override { inner_.synchronize(); }
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte) override;
+  void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor gain, double eps) override;
+  void rmsnorm_backward(Tensor dx, Tensor dgain, Tensor dout, Tensor x, Tensor gain, Tensor rstd) override;
+  void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha, double beta) override;
+  void gelu_forward(Tensor out, Tensor x) override;
+  void gelu_backward(Tensor dx, Tensor dout, Tensor x) override;
+  void add(Tensor out, Tensor a, Tensor b) override;
+  void attention_forward(const AttentionForward& args) override;
+  void attention_backward(const AttentionBackward& args) override;
+  void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
+                     double grad_scale) override;
+  double sum_of_squares(Tensor x) override;
+  void adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+             const AdamWStep& step, Tensor compute_copy) override;
+
+ private:
+  // Runs `call`; while enabled, times it between two synchronize() calls and adds the time
+  // (and `flops`) to the entry (op, detail). `detail` is only evaluated while enabled.
+  template <class Call>
+  auto timed(const char* op, const std::function<std::string()>& detail, double flops, Call&& call);
+  template <class Call>
+  auto timed(const char* op, Call&& call) {
+    return timed(op, nullptr, 0.0, call);
+  }
+
+  Backend& inner_;
+  bool enabled_ = false;
+  std::map<std::pair<std::string, std::string>, OpTime> times_;
+};
+
+}  // namespace pope

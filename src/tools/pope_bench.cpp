@@ -1,0 +1,101 @@
+// pope-bench: benchmarks. `train` times whole optimizer steps of a config's model and can dump
+// one forward/backward for the PyTorch oracle (scripts/reference/torch_gpt.py).
+// Exit codes: 0 done, 1 runtime/data error, 2 usage or config error.
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "pope/bench.hpp"
+#include "pope/config.hpp"
+
+namespace {
+
+constexpr int kExitRuntime = 1;
+constexpr int kExitConfig = 2;
+
+struct TrainCommand {
+  std::string config_path, device, dump_path, json_path;
+  std::vector<std::string> overrides;
+  pope::TrainBenchOptions options;
+};
+
+void add_train_command(CLI::App& app, TrainCommand& cmd) {
+  CLI::App* train = app.add_subcommand(
+      "train",
+      "Time full optimizer steps (micro-batches × accumulation + clipping + AdamW) of the config's model on random "
+      "tokens (fixed seed) and print tokens/s, ms/step, model TFLOP/s, MFU and device memory.");
+  train->add_option("-c,--config", cmd.config_path, "JSON config file; a bare name resolves in configs/")->required();
+  train->add_option("-s,--set", cmd.overrides,
+                    "override a config key, e.g. --set train.micro_batch_size=32 "
+                    "(repeatable); the step is train.batch_size sequences");
+  train->add_option("--device", cmd.device, "auto | cpu | cuda (overrides train.device)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  train->add_option("--steps", cmd.options.timed_steps, "timed optimizer steps (median reported)")
+      ->default_val(10)
+      ->check(CLI::PositiveNumber);
+  train->add_option("--warmup", cmd.options.warmup_steps, "untimed steps first")
+      ->default_val(3)
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--seed", cmd.options.seed, "seed of the random tokens (and of --dump-step's jitter)")
+      ->default_val(1337);
+  train->add_flag("--data", cmd.options.use_data, "random windows of data.train instead of random tokens");
+  train->add_flag("--profile", cmd.options.profile,
+                  "then one more step with the time of every backend op (synchronised around each op: exact per "
+                  "op, slower overall)");
+  train->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file");
+  train->add_option("--dump-step", cmd.dump_path,
+                    "instead of timing: one forward/backward of a micro-batch, written as safetensors (weights, "
+                    "tokens, targets, loss, grad.<name>) for scripts/reference/torch_gpt.py");
+}
+
+void write_json(const std::string& path, const nlohmann::json& numbers) {
+  std::ofstream out(path);
+  out << numbers.dump() << "\n";
+  if (!out.flush()) throw std::runtime_error("cannot write the JSON numbers to " + path);
+}
+
+int run_train(const TrainCommand& cmd) {
+  std::vector<std::string> overrides = cmd.overrides;
+  if (!cmd.device.empty()) overrides.push_back("train.device=" + cmd.device);
+  const pope::RunConfig config = pope::load_config(cmd.config_path, overrides);
+  if (!cmd.dump_path.empty()) {
+    pope::write_step_dump(config, cmd.dump_path, cmd.options.seed);
+    std::printf("wrote one forward/backward (%s, %d × %d tokens) to %s\n", config.model.position.kind.c_str(),
+                config.train.micro_batch_size, config.train.seq_len, cmd.dump_path.c_str());
+    return 0;
+  }
+  const pope::TrainBenchResult result = pope::run_train_benchmark(config, cmd.options);
+  std::cout << pope::format_train_bench(result);
+  if (!cmd.json_path.empty()) write_json(cmd.json_path, pope::train_bench_to_json(result));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pope-bench: benchmarks of the pope trainer."};
+  app.footer("Exit codes: 0 done, 1 data/runtime error, 2 usage or config error.");
+  app.require_subcommand(1);
+  TrainCommand train;
+  add_train_command(app, train);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitConfig;
+  }
+
+  try {
+    return run_train(train);
+  } catch (const pope::ConfigError& e) {
+    spdlog::error("config error: {}", e.what());
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return kExitRuntime;
+  }
+}

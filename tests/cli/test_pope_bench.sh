@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# pope-bench train end to end on the CPU with a tiny config: the table, the JSON numbers
+# (FLOPs formula, step count, tokens per step), the profile, option and config errors, and
+# --dump-step files for every encoding checked by the independent PyTorch oracle
+# (scripts/reference/torch_gpt.py) when a python with torch is found (POPE_TORCH_PYTHON,
+# python3, /usr/bin/python3); without one the oracle part prints "SKIP oracle: no torch" and
+# the other checks still decide the result.
+source "$(dirname "$0")/cli_common.sh"
+BENCH="$POPE_BIN/pope-bench"
+ORACLE="$POPE_SOURCE_DIR/scripts/reference/torch_gpt.py"
+[ -x "$BENCH" ] || { echo "SKIP: $BENCH not built"; exit 77; }
+
+# Vocabulary 61 padded to 64, so padded logits and rows are exercised; accumulation 2.
+cat >"$SCRATCH/tiny.json" <<JSON
+{
+  "model": {"vocab_size": 61, "padded_vocab_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 32,
+            "context_length": 16, "position": {"kind": "pope"}},
+  "train": {"batch_size": 8, "micro_batch_size": 4, "seq_len": 16, "threads": 1, "device": "cpu"}
+}
+JSON
+
+# Help names the subcommand and its options.
+expect_exit 0 "$BENCH" --help
+expect_output "train"
+expect_exit 0 "$BENCH" train --help
+for opt in --config --set --device --steps --warmup --data --profile --json --dump-step; do expect_output -- "$opt"; done
+
+# The table.
+expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 2 --warmup 1
+for what in "tokens/s" "ms/step" "model TFLOP/s" "MFU vs 790" "FLOPs/token = 6·N + 12·n_layer·T·n_embd" \
+  "4 sequences × 16 tokens × 2 accumulation = 128 tokens/step"; do
+  expect_output "$what"
+done
+
+# --data: random windows of data.train (ids below 64, so the vocabulary is widened to 64).
+make_tokens "$SCRATCH/train.bin" 4000 1
+expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --data \
+  --set data.train="$SCRATCH/train.bin" --set model.vocab_size=64
+expect_output "tokens/step (data.train windows)"
+
+# JSON: the numbers agree with each other and with the formula.
+expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 3 --warmup 0 --json "$SCRATCH/rope.json" \
+  --set model.position.kind=rope
+expect_output "tokens/s"
+python3 - "$SCRATCH/rope.json" <<'PY' || fail "JSON numbers inconsistent"
+import json, math, sys
+r = json.loads(open(sys.argv[1]).read())
+problems = []
+if len(r["step_seconds"]) != 3: problems.append(f"{len(r['step_seconds'])} step times, expected 3")
+if r["tokens_per_step"] != 128: problems.append(f"tokens_per_step {r['tokens_per_step']}, expected 128")
+# RoPE has no parameters of its own: N = embedding (61 real rows) + 2 layers × (2 gains + 12·C²) + final gain.
+C, L, T = 32, 2, 16
+N = 61 * C + L * (2 * C + 12 * C * C) + C
+if r["parameters"] != N: problems.append(f"parameters {r['parameters']}, expected {N}")
+if not math.isclose(r["flops_per_token"], 6 * N + 12 * L * T * C): problems.append("flops_per_token")
+median = sorted(r["step_seconds"])[1]
+if not math.isclose(r["tokens_per_second"], 128 / median, rel_tol=1e-9): problems.append("tokens/s != tokens/median step")
+if r["mfu_vs_790"] is not None or r["device_memory_bytes"] is not None: problems.append("MFU/memory on the CPU")
+if not (0 < r["forward_seconds"] and 0 < r["optimizer_seconds"]): problems.append("phase times")
+if not (3.5 < r["last_loss"] < 5.0): problems.append(f"loss {r['last_loss']} is not near ln(61) = 4.11")
+print("\n".join(problems) or "JSON ok")
+sys.exit(1 if problems else 0)
+PY
+
+# The profile lists the op families and the matmul shapes (the last: the tied classifier, 64 rows × padded
+# vocabulary 64; brackets escaped for grep).
+expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --profile
+for what in "Profile of one step" "| matmul |" "| attention_backward |" "| adamw |" "| cross_entropy |" \
+  "out \\[64, 64\\] = a \\[64, 32\\] · bᵀ \\[64, 32\\]"; do
+  expect_output "$what"
+done
+
+# Errors: exit 2 naming what is wrong.
+expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 0
+expect_output "steps"
+expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --set model.bogus=1
+expect_output "model.bogus"
+expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --data
+expect_output "data.train"
+expect_exit 2 "$BENCH" train --config "$SCRATCH/missing.json"
+expect_output "missing.json"
+expect_exit 2 "$BENCH"
+expect_exit 1 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --json "$SCRATCH/no/such/dir/x.json"
+expect_output "no/such/dir/x.json"
+expect_exit 1 "$BENCH" train --config "$SCRATCH/tiny.json" --data --set data.train="$SCRATCH/absent.bin"
+expect_output "absent.bin"
+
+# --dump-step: a readable safetensors file with weights, batch, loss, gradients and the config.
+expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --dump-step "$SCRATCH/pope.safetensors" \
+  --set model.position.pope.delta_init=uniform
+python3 - "$SCRATCH/pope.safetensors" <<'PY' || fail "dump unreadable or incomplete"
+import json, struct, sys
+blob = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", blob[:8])
+header = json.loads(blob[8:8 + n])
+meta = header.pop("__metadata__")
+assert meta["format"] == "pope-step-dump" and json.loads(meta["config"])["model"]["n_embd"] == 32, meta
+assert header["tokens"]["dtype"] == "I32" and header["tokens"]["shape"] == [4, 16], header["tokens"]
+assert header["targets"]["shape"] == [4, 16] and header["loss"]["shape"] == [], header["loss"]
+for name in ["wte.weight", "layers.1.position.delta", "final_norm.weight"]:
+    assert header[name]["dtype"] == "F32" and header["grad." + name]["shape"] == header[name]["shape"], name
+b, e = header["loss"]["data_offsets"]
+(loss,) = struct.unpack("<f", blob[8 + n + b:8 + n + e])
+assert 3.0 < loss < 6.0, loss
+print("dump ok, loss", loss)
+PY
+
+torch_python=""
+for candidate in "${POPE_TORCH_PYTHON:-}" python3 /usr/bin/python3; do
+  if [ -n "$candidate" ] && "$candidate" -c 'import torch' >/dev/null 2>&1; then torch_python="$candidate"; break; fi
+done
+if [ -z "$torch_python" ]; then
+  echo "SKIP oracle: no torch"
+  echo "PASS (without the PyTorch oracle)"
+  exit 0
+fi
+
+# Every encoding and its options against the oracle (CPU float dump: tight tolerances).
+variants=(
+  "nope|--set model.position.kind=nope"
+  "rope|--set model.position.kind=rope"
+  "rope_half|--set model.position.kind=rope --set model.position.rope.fraction=0.5"
+  "pope|--set model.position.pope.delta_init=uniform"
+  "pope_ablation|--set model.position.pope.magnitude=identity --set model.position.pope.scale=inv_sqrt_2d"
+  "pope_no_delta|--set model.position.pope.learn_delta=false --set model.position.pope.magnitude=relu"
+  "alibi|--set model.position.kind=alibi --set model.n_head=4"
+  "alibi_half|--set model.position.kind=alibi --set model.n_head=4 --set model.position.alibi.head_fraction=0.5"
+)
+for variant in "${variants[@]}"; do
+  name="${variant%%|*}"
+  read -r -a sets <<<"${variant#*|}"
+  expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --dump-step "$SCRATCH/$name.safetensors" "${sets[@]}"
+  expect_exit 0 "$torch_python" "$ORACLE" "$SCRATCH/$name.safetensors"
+  expect_output "OK: loss and"
+  echo "oracle $name: $(grep '^loss:' "$SCRATCH/out")"
+done
+
+# The oracle fails when pope's numbers are wrong: scale one gradient in the file by 1.01.
+python3 - "$SCRATCH/pope.safetensors" "$SCRATCH/tampered.safetensors" <<'PY'
+import json, struct, sys
+blob = bytearray(open(sys.argv[1], "rb").read())
+(n,) = struct.unpack("<Q", blob[:8])
+b, e = json.loads(blob[8:8 + n])["grad.layers.0.mlp.fc.weight"]["data_offsets"]
+start = 8 + n
+values = struct.unpack(f"<{(e - b) // 4}f", blob[start + b:start + e])
+blob[start + b:start + e] = struct.pack(f"<{len(values)}f", *(v * 1.01 for v in values))
+open(sys.argv[2], "wb").write(blob)
+PY
+expect_exit 1 "$torch_python" "$ORACLE" "$SCRATCH/tampered.safetensors"
+expect_output "MISMATCH: grad.layers.0.mlp.fc.weight"
+
+# And refuses what is not a dump.
+printf 'not a dump' >"$SCRATCH/junk.safetensors"
+expect_exit 2 "$torch_python" "$ORACLE" "$SCRATCH/junk.safetensors"
+echo "PASS"
