@@ -234,7 +234,7 @@ void Model::forward_backward(Tensor tokens, Tensor targets, int B, int T, double
                                             tokens.numel(), targets.numel(), N));
   reserve(B, T);
   forward_pass(tokens, B, T);
-  classifier(targets, N, true, grad_scale);
+  classifier(targets.reshaped({N}), N, true, grad_scale);  // the classifier takes rows of a flat vector
   backend_.accumulate_sum(loss_sum, acts_->losses.tensor);
   backward_pass(tokens, B, T);
 }

@@ -72,25 +72,27 @@ std::vector<StepBatch> random_batches(int steps, int vocab) {
 
 double learning_rate_at(long step) { return 1e-3 / double(step); }
 
-struct Run {
+struct TrainedRun {
   std::vector<float> params, m, v;
   std::vector<double> loss_sums;
 };
 
 // `steps` optimizer steps through TrainStep, recorded in a graph or all eager.
-Run train(Backend& backend, const std::vector<StepBatch>& batches, bool use_graph) {
+TrainedRun train(Backend& backend, const std::vector<StepBatch>& batches, bool use_graph) {
   Model model(small_model(), backend);
   model.initialize(9);
   AdamW adamw(model, clipping_optimizer());
   TrainStep step(model, adamw, kShape, use_graph);
-  Run run;
+  TrainedRun run;
   for (std::size_t s = 0; s < batches.size(); ++s) {
     const long number = long(s) + 1;
     step.enqueue(batches[s].tokens, batches[s].targets, number, learning_rate_at(number));
     const TrainStepResult r = step.result(number);
     EXPECT_TRUE(r.optimizer.applied) << "step " << number;
     run.loss_sums.push_back(r.loss_sum);
-    if (use_graph) EXPECT_EQ(step.replaying(), number >= 2) << "step " << number << ": eager once, then recorded";
+    if (use_graph) {
+      EXPECT_EQ(step.replaying(), number >= 2) << "step " << number << ": eager once, then recorded";
+    }
   }
   backend.synchronize();
   run.params = model.parameters_to_host();
@@ -222,8 +224,8 @@ TEST_F(CudaGraphStep, AsyncCopiesNeedPageLockedMemory) {
 
 TEST_F(CudaGraphStep, ReplayedStepsEqualEagerStepsBitwise) {
   const auto batches = random_batches(5, small_model().vocab_size);
-  const Run eager = train(*gpu_, batches, false);
-  const Run graph = train(*gpu_, batches, true);
+  const TrainedRun eager = train(*gpu_, batches, false);
+  const TrainedRun graph = train(*gpu_, batches, true);
   EXPECT_EQ(graph.loss_sums, eager.loss_sums);
   EXPECT_EQ(graph.params, eager.params);
   EXPECT_EQ(graph.m, eager.m);
@@ -258,7 +260,9 @@ TEST_F(CudaGraphStep, ANonFiniteStepIsSkippedOnTheDevice) {
   const auto after = model.parameters_to_host();
   ASSERT_EQ(after.size(), params.size());
   for (std::size_t i = 0; i < after.size(); ++i)
-    if (!std::isnan(params[i])) ASSERT_EQ(after[i], params[i]) << "parameter " << i;
+    if (!std::isnan(params[i])) {
+      ASSERT_EQ(after[i], params[i]) << "parameter " << i;
+    }
   EXPECT_EQ(adamw.first_moment_to_host(), m);
   EXPECT_EQ(adamw.second_moment_to_host(), v);
 

@@ -54,7 +54,7 @@ struct Trained {
 
 // The per-step path TrainStep replaces.
 Trained train_per_step(const std::vector<StepBatch>& batches) {
-  auto backend = make_backend("cpu", "float", 2);
+  auto backend = make_backend("cpu", "float", 1);
   Model model(tiny_model(), *backend);
   model.initialize(5);
   AdamW adamw(model, clipping_optimizer());
@@ -81,7 +81,7 @@ Trained train_per_step(const std::vector<StepBatch>& batches) {
 }
 
 Trained train_with_train_step(const std::vector<StepBatch>& batches) {
-  auto backend = make_backend("cpu", "float", 2);
+  auto backend = make_backend("cpu", "float", 1);
   Model model(tiny_model(), *backend);
   model.initialize(5);
   AdamW adamw(model, clipping_optimizer());
@@ -150,7 +150,9 @@ TEST(TrainStep, ANonFiniteStepIsSkippedAndReported) {
   EXPECT_TRUE(std::isnan(r.optimizer.grad_norm));
   const auto params_after = model.parameters_to_host();
   for (std::size_t i = 0; i < params.size(); ++i)
-    if (i != gain) ASSERT_EQ(params_after[i], params[i]) << "parameter " << i;
+    if (i != gain) {
+      ASSERT_EQ(params_after[i], params[i]) << "parameter " << i;
+    }
   EXPECT_EQ(adamw.first_moment_to_host(), m);
   EXPECT_EQ(adamw.second_moment_to_host(), v);
 }
