@@ -134,3 +134,39 @@ TEST_F(TrainerTest, ResumeWithADifferentConfigIsAnError) {
   Trainer third(config_, options("run", "auto"));
   EXPECT_EQ(third.step(), 2);
 }
+
+// With log_every > 1, quiet steps are read one step late (while the next runs); the guard
+// and exact resume must work the same.
+TEST_F(TrainerTest, StepsReadOneStepLateKeepTheGuardAndExactResume) {
+  config_.train.log_every = 100;  // only steps 1 and the last are logged
+  config_.train.max_nonfinite_steps = 3;
+  std::vector<float> straight_params;
+  {
+    Trainer straight(config_, options("straight"));
+    straight.train();
+    straight_params = straight.model().parameters_to_host();
+  }
+  {
+    Trainer first(config_, options("split", "", 5));
+    first.train();
+  }
+  {
+    Trainer second(config_, options("split", "auto"));
+    second.train();
+    EXPECT_EQ(second.model().parameters_to_host(), straight_params);
+  }
+
+  config_.train.steps = 30;  // continue the finished run, then break it
+  Trainer longer(config_, options("split", "auto"));
+  float* params = longer.model().parameters().as<float>();
+  params[longer.model().layout().offset(longer.model().layout().index_of("final_norm.weight"))] =
+      std::numeric_limits<float>::quiet_NaN();
+  try {
+    longer.train();
+    FAIL() << "expected TrainingAborted";
+  } catch (const TrainingAborted& e) {
+    EXPECT_NE(std::string(e.what()).find("3 consecutive"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("last at step 15"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(latest_checkpoint(dir_ / "split")->filename(), "step_00000012");
+}
