@@ -82,7 +82,12 @@ struct AdamWHyper {
 // before each step, so that recorded work (a CUDA graph) reads the new values on replay.
 // Bias corrections are computed on the host (1 − β^step in double) so that every backend
 // rounds the same values.
-enum StepScheduleSlot : int { kScheduleLr = 0, kScheduleCorrection1 = 1, kScheduleCorrection2 = 2, kStepScheduleSize = 3 };
+enum StepScheduleSlot : int {
+  kScheduleLr = 0,
+  kScheduleCorrection1 = 1,
+  kScheduleCorrection2 = 2,
+  kStepScheduleSize = 3
+};
 
 // Per-step results kept in device memory, an f64 tensor of kStepStatsSize elements: the
 // sum of token losses (accumulate_sum adds to it), the squared global gradient norm

@@ -230,7 +230,8 @@ void Model::forward_backward(Tensor tokens, Tensor targets, int B, int T, double
   if (B <= 0 || T <= 0) throw std::invalid_argument(fmt::format("batch {} × length {} must be positive", B, T));
   const std::int64_t N = std::int64_t(B) * T;
   if (tokens.numel() != N || targets.numel() != N)
-    throw std::invalid_argument(fmt::format("forward_backward: tokens hold {} and targets {} elements, expected B·T = {}",
+    throw std::invalid_argument(fmt::format("forward_backward: tokens hold {} and targets {} elements, expected "
+                                            "B·T = {}",
                                             tokens.numel(), targets.numel(), N));
   reserve(B, T);
   forward_pass(tokens, B, T);

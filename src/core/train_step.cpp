@@ -48,7 +48,9 @@ TrainStep::~TrainStep() {
   }
 }
 
-bool TrainStep::replaying() const { return graph_ != nullptr && recorded_generation_ == model_.activation_generation(); }
+bool TrainStep::replaying() const {
+  return graph_ != nullptr && recorded_generation_ == model_.activation_generation();
+}
 
 void TrainStep::enqueue(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, long step,
                         double lr) {

@@ -231,7 +231,8 @@ TEST_F(CudaGraphStep, ReplayedStepsEqualEagerStepsBitwise) {
   EXPECT_EQ(graph.m, eager.m);
   EXPECT_EQ(graph.v, eager.v);
   // ...and the run is a real one: the loss is near log(vocab) per token at the start.
-  const auto unmasked = std::count_if(batches[0].targets.begin(), batches[0].targets.end(), [](int t) { return t >= 0; });
+  const auto& targets = batches[0].targets;
+  const auto unmasked = std::count_if(targets.begin(), targets.end(), [](int t) { return t >= 0; });
   const double first_mean = eager.loss_sums[0] / double(unmasked);
   EXPECT_NEAR(first_mean, std::log(500.0), 1.0);
 }
@@ -242,7 +243,10 @@ TEST_F(CudaGraphStep, ANonFiniteStepIsSkippedOnTheDevice) {
   AdamW adamw(model, clipping_optimizer());
   TrainStep step(model, adamw, kShape);
   const auto batches = random_batches(5, small_model().vocab_size);
-  for (long s = 1; s <= 3; ++s) step.enqueue(batches[std::size_t(s - 1)].tokens, batches[std::size_t(s - 1)].targets, s, 1e-3);
+  for (long s = 1; s <= 3; ++s) {
+    const auto& batch = batches[std::size_t(s - 1)];
+    step.enqueue(batch.tokens, batch.targets, s, 1e-3);
+  }
   ASSERT_TRUE(step.result(3).optimizer.applied);
   ASSERT_TRUE(step.replaying());
 
@@ -285,7 +289,10 @@ TEST_F(CudaGraphStep, ReplaysAllocateNothingAndAReallocationIsNoticed) {
   ASSERT_TRUE(step.replaying());
   std::size_t free_before = 0, free_after = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
-  for (long s = 3; s <= 7; ++s) step.enqueue(batches[std::size_t(s - 1)].tokens, batches[std::size_t(s - 1)].targets, s, 1e-3);
+  for (long s = 3; s <= 7; ++s) {
+    const auto& batch = batches[std::size_t(s - 1)];
+    step.enqueue(batch.tokens, batch.targets, s, 1e-3);
+  }
   gpu_->synchronize();
   ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
   EXPECT_EQ(free_after, free_before);

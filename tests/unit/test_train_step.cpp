@@ -164,7 +164,10 @@ TEST(TrainStep, KeepsTheResultsOfTheLastTwoSteps) {
   AdamW adamw(model, clipping_optimizer());
   TrainStep step(model, adamw, kShape);
   const auto batches = random_batches(3);
-  for (long s = 1; s <= 3; ++s) step.enqueue(batches[std::size_t(s - 1)].tokens, batches[std::size_t(s - 1)].targets, s, 1e-3);
+  for (long s = 1; s <= 3; ++s) {
+    const auto& batch = batches[std::size_t(s - 1)];
+    step.enqueue(batch.tokens, batch.targets, s, 1e-3);
+  }
   EXPECT_GT(step.result(2).loss_sum, 0.0);
   EXPECT_GT(step.result(3).loss_sum, 0.0);
   EXPECT_NE(step.result(2).loss_sum, step.result(3).loss_sum);
