@@ -5,6 +5,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -154,7 +155,12 @@ double Trainer::evaluate() {
   for (int b = 0; b < config_.train.eval_batches; ++b) {
     const int filled = val_sampler_->fill(std::uint64_t(b) * B, B, inputs.data(), targets.data());
     if (filled == 0) break;
-    const LossSum part = model_->forward(inputs.data(), targets.data(), filled, T);
+    // A short last batch is padded with masked rows (they add nothing to the sum or count)
+    // rather than run at another batch size, which would reallocate the model's activations
+    // and so make a recorded training step record itself again.
+    std::fill(inputs.begin() + std::ptrdiff_t(filled) * T, inputs.end(), 0);
+    std::fill(targets.begin() + std::ptrdiff_t(filled) * T, targets.end(), -1);
+    const LossSum part = model_->forward(inputs.data(), targets.data(), B, T);
     total.sum += part.sum;
     total.count += part.count;
   }

@@ -108,16 +108,21 @@ TEST_F(CudaGraphStep, AccumulateSumMatchesTheCpuAndIsDeterministic) {
     const auto values = random_bf16_values(std::size_t(count), std::uint64_t(count), 3.0f);
     OwnedTensor gpu_values = make_tensor(*gpu_, {count}, DType::f32, values);
     OwnedTensor cpu_values = make_tensor(*cpu_, {count}, DType::f32, values);
-    const std::vector<float> start = {1.25f};
-    OwnedTensor gpu_total = make_tensor(*gpu_, {1}, DType::f64, start);
-    OwnedTensor cpu_total = make_tensor(*cpu_, {1}, DType::f64, start);
-    gpu_->accumulate_sum(gpu_total.tensor, gpu_values.tensor);
+    const std::vector<float> zero = {0.0f}, start = {1.25f};
+    OwnedTensor cpu_total = make_tensor(*cpu_, {1}, DType::f64, zero);
     cpu_->accumulate_sum(cpu_total.tensor, cpu_values.tensor);
-    const double once = download(*gpu_, gpu_total.tensor)[0];
-    EXPECT_NEAR(once, download(*cpu_, cpu_total.tensor)[0], 1e-12 * (1 + std::abs(once))) << count;
-    gpu_->accumulate_sum(gpu_total.tensor, gpu_values.tensor);
-    const double twice = download(*gpu_, gpu_total.tensor)[0];
-    EXPECT_EQ(twice, once + (once - 1.25)) << "the same sum again, bitwise (count " << count << ")";
+    OwnedTensor sum = make_tensor(*gpu_, {1}, DType::f64, zero);
+    gpu_->accumulate_sum(sum.tensor, gpu_values.tensor);
+    const double s = download(*gpu_, sum.tensor)[0];
+    const double want = download(*cpu_, cpu_total.tensor)[0];
+    EXPECT_NEAR(s, want, 1e-12 * (1 + std::abs(want))) << count;
+
+    // Adds to what the total holds, with the same bits every time.
+    OwnedTensor total = make_tensor(*gpu_, {1}, DType::f64, start);
+    gpu_->accumulate_sum(total.tensor, gpu_values.tensor);
+    EXPECT_EQ(download(*gpu_, total.tensor)[0], 1.25 + s) << count;
+    gpu_->accumulate_sum(total.tensor, gpu_values.tensor);
+    EXPECT_EQ(download(*gpu_, total.tensor)[0], (1.25 + s) + s) << count;
   }
 }
 

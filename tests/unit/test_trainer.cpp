@@ -170,3 +170,27 @@ TEST_F(TrainerTest, StepsReadOneStepLateKeepTheGuardAndExactResume) {
   }
   EXPECT_EQ(latest_checkpoint(dir_ / "split")->filename(), "step_00000012");
 }
+
+// The short last validation batch is padded with masked rows: the mean is over real windows only.
+TEST_F(TrainerTest, EvaluationCountsOnlyRealWindows) {
+  const TokenDataset val = TokenDataset::open(config_.data.val, config_.model.vocab_size);
+  const SequentialWindowSampler windows(val, config_.train.seq_len);
+  for (const int micro : {3, 5, 7}) {  // a batch size that leaves a short last batch
+    if (windows.window_count() % std::uint64_t(micro) != 0) config_.train.micro_batch_size = micro;
+  }
+  config_.train.batch_size = config_.train.micro_batch_size;
+  ASSERT_NE(windows.window_count() % std::uint64_t(config_.train.micro_batch_size), 0u);
+  config_.train.eval_batches = 1000;  // every window
+  Trainer trainer(config_, options("run"));
+  const int T = config_.train.seq_len;
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(T)), targets(inputs.size());
+  LossSum total;
+  for (std::uint64_t w = 0; w < windows.window_count(); ++w) {
+    ASSERT_EQ(windows.fill(w, 1, inputs.data(), targets.data()), 1);
+    const LossSum one = trainer.model().forward(inputs.data(), targets.data(), 1, T);
+    total.sum += one.sum;
+    total.count += one.count;
+  }
+  EXPECT_EQ(total.count, long(windows.window_count()) * T);
+  EXPECT_NEAR(trainer.evaluate(), total.mean(), 1e-6 * total.mean());
+}
