@@ -40,7 +40,8 @@ class TrainStep {
 
   // Queues optimizer step `step` (1-based) at learning rate `lr` over tokens and targets of
   // shape().tokens() entries each (micro-batch after micro-batch, B·T each; targets < 0 are
-  // masked) and returns at once. Token ids are checked here.
+  // masked). Returns without waiting for this step; it waits for the step two before, whose
+  // host staging it reuses, so the host runs at most two steps ahead. Token ids are checked here.
   void enqueue(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, long step, double lr);
 
   // The results of the step most recently enqueued, or of the one before it: waits for that
