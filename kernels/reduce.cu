@@ -26,7 +26,20 @@ __global__ void sum_partials_kernel(double* result, const double* partials) {
   if (threadIdx.x == 0) *result = total;
 }
 
+__global__ void accumulate_sum_kernel(double* total, const float* values, std::size_t count) {
+  __shared__ double reduce_scratch[kWarpSize];
+  double sum = 0.0;
+  for (std::size_t i = threadIdx.x; i < count; i += blockDim.x) sum += values[i];
+  sum = block_sum(sum, reduce_scratch);
+  if (threadIdx.x == 0) *total += sum;
+}
+
 }  // namespace
+
+cudaError_t accumulate_sum(double* total, const float* values, std::size_t count, cudaStream_t stream) {
+  accumulate_sum_kernel<<<1, kBlocks, 0, stream>>>(total, values, count);
+  return cudaGetLastError();
+}
 
 std::size_t sum_of_squares_scratch_bytes() { return sizeof(double) * kBlocks; }
 

@@ -70,6 +70,57 @@ struct AdamWStep {
   double grad_scale = 1.0;    // multiplies the gradient first (clipping)
 };
 
+// AdamW settings that stay fixed over a run (the per-step values live in device memory, see
+// Backend::adamw_guarded).
+struct AdamWHyper {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.0;
+  double grad_clip = 0.0;     // > 0: scale gradients down to this global norm; 0: no clipping
+};
+
+// Per-step optimizer inputs, an f64 tensor of kStepScheduleSize elements the host writes
+// before each step, so that recorded work (a CUDA graph) reads the new values on replay.
+// Bias corrections are computed on the host (1 − β^step in double) so that every backend
+// rounds the same values.
+enum StepScheduleSlot : int {
+  kScheduleLr = 0,
+  kScheduleCorrection1 = 1,
+  kScheduleCorrection2 = 2,
+  kStepScheduleSize = 3
+};
+
+// Per-step results kept in device memory, an f64 tensor of kStepStatsSize elements: the
+// sum of token losses (accumulate_sum adds to it), the squared global gradient norm
+// (sum_of_squares_into) and whether adamw_guarded applied the update (1) or skipped it (0).
+enum StepStatsSlot : int { kStatsLossSum = 0, kStatsGradSquares = 1, kStatsApplied = 2, kStepStatsSize = 3 };
+
+// The clipping factor for a finite global gradient norm: min(1, grad_clip / norm) when
+// clipping is on. Backends evaluate it in double, in this form, so that all agree.
+inline double clip_scale(double grad_clip, double norm) {
+  return grad_clip > 0.0 && norm > grad_clip ? grad_clip / norm : 1.0;
+}
+
+// A point in a backend's queue of work. record() marks everything queued so far; wait()
+// blocks until that work has finished. Errors that kernels record on the device are not
+// checked here; the next synchronize() reports them.
+class Fence {
+ public:
+  virtual ~Fence() = default;
+  virtual void record() = 0;
+  virtual void wait() = 0;
+};
+
+// Records the work a backend queues between begin() and end() instead of running it;
+// replay() runs the recording again, reading and writing the same memory (a CUDA graph).
+// Recording must not allocate, copy from pageable host memory or synchronise.
+class GraphCapture {
+ public:
+  virtual ~GraphCapture() = default;  // ends a recording left open by an exception
+  virtual void begin() = 0;
+  virtual void end() = 0;             // throws when something queued in between could not be recorded
+  virtual void replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -86,6 +137,20 @@ class Backend {
   virtual void copy_from_host(Tensor dst, const void* src) = 0;
   virtual void copy_to_host(void* dst, Tensor src) = 0;
   virtual void synchronize() = 0;
+
+  // Host memory for the asynchronous copies below (page-locked on CUDA), zero-filled.
+  virtual Buffer allocate_host(std::size_t bytes) = 0;
+  // Queue a copy without waiting for it. The host memory must come from allocate_host and
+  // stay untouched (from_host) or unread (to_host) until a Fence recorded after the copy has
+  // been waited for. The CPU backend copies at once.
+  virtual void copy_from_host_async(Tensor dst, const void* src) = 0;
+  virtual void copy_to_host_async(void* dst, Tensor src) = 0;
+  virtual std::unique_ptr<Fence> make_fence() = 0;
+
+  // Recording work for replay; make_graph_capture throws std::logic_error unless
+  // supports_graphs().
+  virtual bool supports_graphs() const { return false; }
+  virtual std::unique_ptr<GraphCapture> make_graph_capture();
 
   // out[N,C] = wte[tokens[n], :];  dwte[tokens[n], :] += dout[n, :] (accumulate, deterministic).
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte) = 0;
@@ -119,12 +184,25 @@ class Backend {
 
   // Σ x² over a tensor (host value), for the global gradient norm.
   virtual double sum_of_squares(Tensor x) = 0;
+  // The same sum left in device memory: result (one f64 element) = Σ x².
+  virtual void sum_of_squares_into(Tensor result, Tensor x) = 0;
+  // total (one f64 element) += Σ values (statistic dtype), the sum taken first, in a fixed
+  // order: the running loss of a step without reading losses back.
+  virtual void accumulate_sum(Tensor total, Tensor values) = 0;
 
   // AdamW over the whole arena: grads are multiplied by step.grad_scale, decoupled weight
   // decay on segments that ask for it; m, v same layout as params. If `compute_copy` is not
   // empty it receives the updated weights converted to the activation dtype.
   virtual void adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
                      const AdamWStep& step, Tensor compute_copy) = 0;
+
+  // AdamW whose per-step values come from device memory: lr and bias corrections from
+  // `schedule` (StepScheduleSlot), the loss sum and squared gradient norm from `stats`
+  // (StepStatsSlot). When both are finite it applies adamw() with grad_scale =
+  // clip_scale(hyper.grad_clip, √squares) and sets stats[kStatsApplied] = 1; otherwise it
+  // leaves params, m, v and compute_copy untouched and sets it to 0.
+  virtual void adamw_guarded(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+                             const AdamWHyper& hyper, Tensor schedule, Tensor stats, Tensor compute_copy) = 0;
 };
 
 // Convenience: a tensor together with the buffer that owns it.

@@ -24,6 +24,10 @@ ParameterLayout build_parameter_layout(const ModelConfig& config, const Position
 std::int64_t count_parameters(const ModelConfig& config, const ParameterLayout& layout);
 std::int64_t count_matrix_parameters(const ModelConfig& config, const ParameterLayout& layout);
 
+// Throws std::invalid_argument naming the first token id outside [0, vocab_size) or target
+// not below vocab_size (negative targets mean masked); targets may be empty.
+void check_tokens(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int vocab_size);
+
 struct LossSum {
   double sum = 0.0;    // Σ per-token NLL over unmasked targets
   long count = 0;      // number of unmasked targets
@@ -68,6 +72,15 @@ class Model {
   LossSum forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, double grad_scale);
   LossSum forward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
                   float* token_losses = nullptr);
+  // The same forward and backward over tokens and targets already in backend memory (i32
+  // [B·T]), reading nothing back and never synchronising, so that a training step can be
+  // recorded and replayed: the sum of the token losses is ADDED to `loss_sum` (one f64
+  // element). Token ids the GPU finds out of range are reported by the next synchronize().
+  void forward_backward(Tensor tokens, Tensor targets, int B, int T, double grad_scale, Tensor loss_sum);
+
+  // Changes whenever the activation buffers are reallocated (a call with another B or T), so
+  // that recorded work which holds their addresses knows it must be recorded again.
+  std::uint64_t activation_generation() const { return activation_generation_; }
 
  private:
   struct Activations;
@@ -76,7 +89,9 @@ class Model {
   void reserve(int B, int T);
   Tensor weight(std::size_t index) const;
   Tensor grad(std::size_t index) const;
-  void backward_pass(int B, int T);
+  void forward_pass(Tensor tokens, int B, int T);
+  void classifier(Tensor targets, std::int64_t N, bool backward, double grad_scale);
+  void backward_pass(Tensor tokens, int B, int T);
 
   ModelConfig config_;
   Backend& backend_;
@@ -93,6 +108,7 @@ class Model {
   std::size_t wte_ = 0, final_norm_ = 0;
   std::vector<LayerIndex> layers_;
   std::unique_ptr<Activations> acts_;
+  std::uint64_t activation_generation_ = 0;
 };
 
 }  // namespace pope

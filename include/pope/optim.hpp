@@ -2,6 +2,7 @@
 // weight decay on 2-D weight matrices only), with fp32 state in the parameter dtype.
 #pragma once
 
+#include <array>
 #include <span>
 #include <vector>
 
@@ -29,7 +30,18 @@ class AdamW {
   // Clips by global norm and applies one AdamW update with learning rate `lr`. `step` is
   // the 1-based update count used for bias correction. A non-finite gradient norm leaves
   // weights and moments untouched.
+  // Reads the gradient norm back to the host; the device-side step below does not.
   OptimizerStepResult step(long step, double lr);
+
+  // The per-step values adamw_guarded reads (StepScheduleSlot order) for update `step`
+  // (1-based) at learning rate `lr`. Throws std::invalid_argument when step < 1.
+  std::array<double, kStepScheduleSize> schedule(long step, double lr) const;
+  // Queues the squared gradient norm into stats[kStatsGradSquares] and the guarded AdamW
+  // update, which skips itself when that norm or stats[kStatsLossSum] is not finite and
+  // records the outcome in stats[kStatsApplied]. Reads nothing back.
+  void step_on_device(Tensor schedule, Tensor stats);
+  // What the host reports of a step from its stats (StepStatsSlot order).
+  OptimizerStepResult result_from(std::span<const double, kStepStatsSize> stats) const;
 
   // Moments as host fp32 (arena order) for checkpoints.
   std::vector<float> first_moment_to_host() const;
@@ -40,6 +52,7 @@ class AdamW {
   Model& model_;
   OptimConfig config_;
   OwnedTensor m_, v_;
+  OwnedTensor schedule_, stats_;  // for step(), which runs the device-side step eagerly
   std::vector<ParamSegment> segments_;
 };
 

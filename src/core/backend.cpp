@@ -7,6 +7,10 @@
 
 namespace pope {
 
+std::unique_ptr<GraphCapture> Backend::make_graph_capture() {
+  throw std::logic_error(fmt::format("{} cannot record work for replay (supports_graphs() is false)", description()));
+}
+
 OwnedTensor allocate_tensor(Backend& backend, Shape shape, DType dtype) {
   OwnedTensor owned;
   const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);

@@ -20,6 +20,18 @@ std::string layer_name(int layer, const char* what) { return fmt::format("layers
 
 }  // namespace
 
+void check_tokens(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int vocab_size) {
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab_size)
+      throw std::invalid_argument(
+          fmt::format("token {} at index {} outside the vocabulary [0, {})", tokens[i], i, vocab_size));
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    if (targets[i] >= vocab_size)
+      throw std::invalid_argument(fmt::format("target {} at index {} is not below the vocabulary size {} (negative "
+                                              "targets mean masked)",
+                                              targets[i], i, vocab_size));
+}
+
 ParameterLayout build_parameter_layout(const ModelConfig& c, const PositionEncoding& position) {
   const std::int64_t C = c.n_embd;
   const double std = c.init_std;
@@ -201,6 +213,7 @@ void Model::reserve(int B, int T) {
   a->d_qkv = alloc({N, 3 * C}, act);
   a->d_fc = alloc({N, 4 * C}, act);
   acts_ = std::move(a);
+  ++activation_generation_;
 }
 
 LossSum Model::forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
@@ -213,22 +226,55 @@ LossSum Model::forward(const std::int32_t* tokens, const std::int32_t* targets, 
   return run(tokens, targets, B, T, false, 0.0, token_losses);
 }
 
+void Model::forward_backward(Tensor tokens, Tensor targets, int B, int T, double grad_scale, Tensor loss_sum) {
+  if (B <= 0 || T <= 0) throw std::invalid_argument(fmt::format("batch {} × length {} must be positive", B, T));
+  const std::int64_t N = std::int64_t(B) * T;
+  if (tokens.numel() != N || targets.numel() != N)
+    throw std::invalid_argument(fmt::format("forward_backward: tokens hold {} and targets {} elements, expected "
+                                            "B·T = {}",
+                                            tokens.numel(), targets.numel(), N));
+  reserve(B, T);
+  forward_pass(tokens, B, T);
+  classifier(targets.reshaped({N}), N, true, grad_scale);  // the classifier takes rows of a flat vector
+  backend_.accumulate_sum(loss_sum, acts_->losses.tensor);
+  backward_pass(tokens, B, T);
+}
+
 LossSum Model::run(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, bool backward,
                    double grad_scale, float* token_losses) {
   if (B <= 0 || T <= 0) throw std::invalid_argument(fmt::format("batch {} × length {} must be positive", B, T));
   const std::int64_t N = std::int64_t(B) * T;
-  for (std::int64_t i = 0; i < N; ++i)
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
-      throw std::invalid_argument(fmt::format("token {} at index {} outside the vocabulary [0, {})", tokens[i], i,
-                                              config_.vocab_size));
+  check_tokens({tokens, std::size_t(N)}, {targets, targets ? std::size_t(N) : 0}, config_.vocab_size);
   reserve(B, T);
+  Activations& a = *acts_;
+  backend_.copy_from_host(a.tokens.tensor, tokens);
+  forward_pass(a.tokens.tensor, B, T);
+
+  LossSum result;
+  if (targets == nullptr) return result;
+  backend_.copy_from_host(a.targets.tensor, targets);
+  classifier(a.targets.tensor, N, backward, grad_scale);
+
+  const std::vector<double> losses = tensor_to_host_f64(backend_, a.losses.tensor);
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (targets[i] >= 0) {
+      result.sum += losses[std::size_t(i)];
+      ++result.count;
+    }
+    if (token_losses) token_losses[i] = targets[i] >= 0 ? float(losses[std::size_t(i)]) : 0.0f;
+  }
+  if (backward) backward_pass(a.tokens.tensor, B, T);
+  return result;
+}
+
+// Embedding, the layers and the final norm, into the activations reserved for B × T.
+void Model::forward_pass(Tensor tokens, int B, int T) {
   Activations& a = *acts_;
   Backend& be = backend_;
   const AttentionShape shape{B, T, config_.n_head, config_.head_dim()};
   const PositionContext pctx{T, config_.context_length, config_.n_head, config_.head_dim(), 0};
 
-  be.copy_from_host(a.tokens.tensor, tokens);
-  be.embedding_forward(a.residual[0].tensor, a.tokens.tensor, weight(wte_));
+  be.embedding_forward(a.residual[0].tensor, tokens, weight(wte_));
 
   for (int l = 0; l < config_.n_layer; ++l) {
     const LayerIndex& li = layers_[std::size_t(l)];
@@ -251,39 +297,28 @@ LossSum Model::run(const std::int32_t* tokens, const std::int32_t* targets, int 
   }
   be.rmsnorm_forward(a.final_norm.tensor, a.final_rstd.tensor, a.residual[config_.n_layer].tensor,
                      weight(final_norm_), config_.norm_eps);
+}
 
-  LossSum result;
-  if (targets == nullptr) return result;
-  be.copy_from_host(a.targets.tensor, targets);
-
-  // Tied LM head, chunked by rows: logits → loss (→ dlogits in place) → dx and dW.
+// Tied LM head, chunked by rows: logits → per-token losses (→ dlogits in place) → dx and dW.
+void Model::classifier(Tensor targets, std::int64_t N, bool backward, double grad_scale) {
+  Activations& a = *acts_;
+  Backend& be = backend_;
   const Tensor wte = weight(wte_);
   for (std::int64_t r0 = 0; r0 < N; r0 += kClassifierRows) {
     const std::int64_t r1 = std::min<std::int64_t>(N, r0 + kClassifierRows);
     const Tensor x = a.final_norm.tensor.rows(r0, r1);
     const Tensor logits = a.logits.tensor.rows(0, r1 - r0);
     be.matmul(logits, x, wte, false, true);
-    be.cross_entropy(a.losses.tensor.rows(r0, r1), logits, a.targets.tensor.rows(r0, r1), config_.vocab_size,
-                     backward, grad_scale);
+    be.cross_entropy(a.losses.tensor.rows(r0, r1), logits, targets.rows(r0, r1), config_.vocab_size, backward,
+                     grad_scale);
     if (backward) {
       be.matmul(a.d_norm.tensor.rows(r0, r1), logits, wte, false, false);
       be.matmul(grad(wte_), logits, x, true, false, 1.0, 1.0);
     }
   }
-
-  const std::vector<double> losses = tensor_to_host_f64(be, a.losses.tensor);
-  for (std::int64_t i = 0; i < N; ++i) {
-    if (targets[i] >= 0) {
-      result.sum += losses[std::size_t(i)];
-      ++result.count;
-    }
-    if (token_losses) token_losses[i] = targets[i] >= 0 ? float(losses[std::size_t(i)]) : 0.0f;
-  }
-  if (backward) backward_pass(B, T);
-  return result;
 }
 
-void Model::backward_pass(int B, int T) {
+void Model::backward_pass(Tensor tokens, int B, int T) {
   Activations& a = *acts_;
   Backend& be = backend_;
   const AttentionShape shape{B, T, config_.n_head, config_.head_dim()};
@@ -321,7 +356,7 @@ void Model::backward_pass(int B, int T) {
     be.rmsnorm_backward(a.d_residual.tensor, grad(li.attn_norm), a.d_norm.tensor, a.residual[l].tensor,
                         weight(li.attn_norm), a.rstd1[l].tensor);
   }
-  be.embedding_backward(grad(wte_), a.d_residual.tensor, a.tokens.tensor);
+  be.embedding_backward(grad(wte_), a.d_residual.tensor, tokens);
 }
 
 }  // namespace pope

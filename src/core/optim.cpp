@@ -25,28 +25,52 @@ AdamW::AdamW(Model& model, const OptimConfig& config)
   const Tensor p = model.parameters();
   m_ = allocate_tensor(model.backend(), p.shape, p.dtype);
   v_ = allocate_tensor(model.backend(), p.shape, p.dtype);
+  schedule_ = allocate_tensor(model.backend(), {kStepScheduleSize}, DType::f64);
+  stats_ = allocate_tensor(model.backend(), {kStepStatsSize}, DType::f64);
+}
+
+std::array<double, kStepScheduleSize> AdamW::schedule(long step, double lr) const {
+  if (step < 1)
+    throw std::invalid_argument(fmt::format("AdamW: step is {}, expected >= 1 (1-based for bias correction)", step));
+  std::array<double, kStepScheduleSize> values{};
+  values[kScheduleLr] = lr;
+  values[kScheduleCorrection1] = 1 - std::pow(config_.beta1, double(step));
+  values[kScheduleCorrection2] = 1 - std::pow(config_.beta2, double(step));
+  return values;
+}
+
+void AdamW::step_on_device(Tensor schedule, Tensor stats) {
+  Backend& be = model_.backend();
+  be.sum_of_squares_into(stats.rows(kStatsGradSquares, kStatsGradSquares + 1), model_.gradients());
+  AdamWHyper hyper;
+  hyper.beta1 = config_.beta1;
+  hyper.beta2 = config_.beta2;
+  hyper.eps = config_.eps;
+  hyper.weight_decay = config_.weight_decay;
+  hyper.grad_clip = config_.grad_clip;
+  const Tensor compute = model_.compute_weights();
+  const bool separate = compute.data != model_.parameters().data;
+  be.adamw_guarded(model_.parameters(), model_.gradients(), m_.tensor, v_.tensor, segments_, hyper, schedule, stats,
+                   separate ? compute : Tensor{});
+}
+
+OptimizerStepResult AdamW::result_from(std::span<const double, kStepStatsSize> stats) const {
+  OptimizerStepResult result;
+  result.grad_norm = std::sqrt(stats[kStatsGradSquares]);
+  result.applied = stats[kStatsApplied] != 0.0;
+  if (result.applied) result.clip_scale = clip_scale(config_.grad_clip, result.grad_norm);
+  return result;
 }
 
 OptimizerStepResult AdamW::step(long step, double lr) {
   Backend& be = model_.backend();
-  OptimizerStepResult result;
-  result.grad_norm = std::sqrt(be.sum_of_squares(model_.gradients()));
-  if (!std::isfinite(result.grad_norm)) return result;
-  if (config_.grad_clip > 0.0 && result.grad_norm > config_.grad_clip)
-    result.clip_scale = config_.grad_clip / result.grad_norm;
-  AdamWStep s;
-  s.lr = lr;
-  s.beta1 = config_.beta1;
-  s.beta2 = config_.beta2;
-  s.eps = config_.eps;
-  s.weight_decay = config_.weight_decay;
-  s.step = step;
-  s.grad_scale = result.clip_scale;
-  const Tensor compute = model_.compute_weights();
-  const bool separate = compute.data != model_.parameters().data;
-  be.adamw(model_.parameters(), model_.gradients(), m_.tensor, v_.tensor, segments_, s, separate ? compute : Tensor{});
-  result.applied = true;
-  return result;
+  const auto values = schedule(step, lr);
+  be.copy_from_host(schedule_.tensor, values.data());
+  be.fill(stats_.tensor, 0.0);  // a zero loss sum: only the gradient norm decides here
+  step_on_device(schedule_.tensor, stats_.tensor);
+  std::array<double, kStepStatsSize> stats{};
+  be.copy_to_host(stats.data(), stats_.tensor);
+  return result_from(stats);
 }
 
 std::vector<float> AdamW::first_moment_to_host() const { return tensor_to_host_f32(model_.backend(), m_.tensor); }

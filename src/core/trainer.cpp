@@ -5,11 +5,15 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <fstream>
 #include <sstream>
+#include <utility>
+
+#include "pope/train_step.hpp"
 
 namespace pope {
 
@@ -153,12 +157,17 @@ double Trainer::evaluate() {
   const std::uint64_t wanted = std::min<std::uint64_t>(windows, std::uint64_t(config_.train.eval_batches) * B);
   LossSum total;
   for (std::uint64_t first = 0; first < wanted; first += std::uint64_t(B)) {
-    const int batch = int(std::min<std::uint64_t>(std::uint64_t(B), wanted - first));
-    for (int b = 0; b < batch; ++b) {
+    const int filled = int(std::min<std::uint64_t>(std::uint64_t(B), wanted - first));
+    for (int b = 0; b < filled; ++b) {
       const std::uint64_t window = (first + std::uint64_t(b)) * windows / wanted;
       val_sampler_->fill(window, 1, inputs.data() + std::size_t(b) * T, targets.data() + std::size_t(b) * T);
     }
-    const LossSum part = model_->forward(inputs.data(), targets.data(), batch, T);
+    // A short last batch is padded with masked rows (they add nothing to the sum or count)
+    // rather than run at another batch size, which would reallocate the model's activations
+    // and so make a recorded training step record itself again.
+    std::fill(inputs.begin() + std::ptrdiff_t(filled) * T, inputs.end(), 0);
+    std::fill(targets.begin() + std::ptrdiff_t(filled) * T, targets.end(), -1);
+    const LossSum part = model_->forward(inputs.data(), targets.data(), B, T);
     total.sum += part.sum;
     total.count += part.count;
   }
@@ -181,7 +190,8 @@ TrainingSummary Trainer::train() {
   const int B = tc.micro_batch_size, T = tc.seq_len;
   const double tokens_per_step = double(tc.batch_size) * T;
   const double grad_scale = 1.0 / tokens_per_step;  // gradient of the mean loss over the global batch
-  std::vector<std::int32_t> inputs(std::size_t(B) * T), targets(inputs.size());
+  std::vector<std::int32_t> inputs(std::size_t(accumulation) * B * T), targets(inputs.size());
+  TrainStep train_step(*model_, *optimizer_, TrainStepShape{accumulation, B, T, grad_scale});
 
   TrainingSummary summary;
   const auto start = Clock::now();
@@ -194,65 +204,88 @@ TrainingSummary Trainer::train() {
     append_metrics({{"event", "eval"}, {"step", 0}, {"val_loss", state_.last_val_loss}});
   }
 
+  // The host runs at most one step ahead of the device: step k is enqueued, then step k−1's
+  // results are read (waiting only for k−1) while k runs. Steps that log, evaluate or
+  // checkpoint are read at once; the others only feed the non-finite guard, one step late.
   const long last_step = options_.stop_at_step > 0 ? std::min(options_.stop_at_step, tc.steps) : tc.steps;
-  while (state_.step < last_step && g_stop_signal.load() == 0) {
-    model_->zero_gradients();
-    double loss_sum = 0.0;
-    for (int micro = 0; micro < accumulation; ++micro) {
-      train_sampler_->fill(state_.samples_consumed + std::uint64_t(micro) * B, B, inputs.data(), targets.data());
-      loss_sum += model_->forward_backward(inputs.data(), targets.data(), B, T, grad_scale).sum;
-    }
-    const double loss = loss_sum / tokens_per_step;
-    const double lr = learning_rate(config_.optim, state_.step, tc.steps);
-    OptimizerStepResult result;
-    if (std::isfinite(loss)) result = optimizer_->step(state_.step + 1, lr);
-    state_.samples_consumed += std::uint64_t(tc.batch_size);
-    state_.step += 1;
+  const auto reports_at = [&](long step) {
+    return step % tc.log_every == 0 || step == 1 || step == tc.steps || step == last_step ||
+           (val_sampler_ && tc.eval_every > 0 && step % tc.eval_every == 0) ||
+           (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0);
+  };
+  struct Enqueued {
+    long step;
+    double lr;
+  };
+  const auto finish = [&](const Enqueued& done) {
+    const TrainStepResult result = train_step.result(done.step);
+    const double loss = result.loss_sum / tokens_per_step;
     summary.last_train_loss = loss;
     ++window_steps;
 
-    if (!result.applied) {
+    if (!result.optimizer.applied) {
       ++state_.consecutive_nonfinite;
-      logger.warn("step {}: non-finite loss {} or gradient norm {}; update skipped ({} in a row, limit {})",
-                  state_.step, loss, result.grad_norm, state_.consecutive_nonfinite, tc.max_nonfinite_steps);
-      append_metrics({{"event", "skip"}, {"step", state_.step}, {"loss", std::isfinite(loss) ? loss : -1.0}});
+      logger.warn("step {}: non-finite loss {} or gradient norm {}; update skipped ({} in a row, limit {})", done.step,
+                  loss, result.optimizer.grad_norm, state_.consecutive_nonfinite, tc.max_nonfinite_steps);
+      append_metrics({{"event", "skip"}, {"step", done.step}, {"loss", std::isfinite(loss) ? loss : -1.0}});
       if (state_.consecutive_nonfinite >= tc.max_nonfinite_steps)
         throw TrainingAborted(fmt::format(
             "{} consecutive steps with a non-finite loss or gradient (last at step {}); stopping. The last good "
             "checkpoint is {}; lower optim.lr or check the data",
-            state_.consecutive_nonfinite, state_.step,
+            state_.consecutive_nonfinite, done.step,
             last_checkpoint_.empty() ? std::string("(none written)") : last_checkpoint_.string()));
-      continue;
+      return;
     }
     state_.consecutive_nonfinite = 0;
 
-    if (state_.step % tc.log_every == 0 || state_.step == 1 || state_.step == tc.steps) {
+    if (done.step % tc.log_every == 0 || done.step == 1 || done.step == tc.steps) {
       const double elapsed = seconds_since(window_start);
       const double tokens_per_second = window_steps * tokens_per_step / std::max(elapsed, 1e-9);
-      const double eta = elapsed / window_steps * double(tc.steps - state_.step);
-      log_train(state_.step, loss, lr, result.grad_norm, tokens_per_second, eta);
+      const double eta = elapsed / window_steps * double(tc.steps - done.step);
+      log_train(done.step, loss, done.lr, result.optimizer.grad_norm, tokens_per_second, eta);
       append_metrics({{"event", "train"},
-                      {"step", state_.step},
+                      {"step", done.step},
                       {"loss", loss},
-                      {"lr", lr},
-                      {"grad_norm", result.grad_norm},
+                      {"lr", done.lr},
+                      {"grad_norm", result.optimizer.grad_norm},
                       {"tokens_per_second", tokens_per_second},
                       {"elapsed_seconds", seconds_since(start)}});
       window_start = Clock::now();
       window_steps = 0;
     }
-    if (val_sampler_ && ((tc.eval_every > 0 && state_.step % tc.eval_every == 0) || state_.step == tc.steps)) {
+    if (val_sampler_ && ((tc.eval_every > 0 && done.step % tc.eval_every == 0) || done.step == tc.steps)) {
       state_.last_val_loss = evaluate();
       summary.last_val_loss = state_.last_val_loss;
-      logger.info("step {} | val loss {:.4f} | val ppl {:.2f}", state_.step, state_.last_val_loss,
+      logger.info("step {} | val loss {:.4f} | val ppl {:.2f}", done.step, state_.last_val_loss,
                   std::exp(state_.last_val_loss));
-      append_metrics({{"event", "eval"}, {"step", state_.step}, {"val_loss", state_.last_val_loss}});
+      append_metrics({{"event", "eval"}, {"step", done.step}, {"val_loss", state_.last_val_loss}});
     }
-    if (tc.checkpoint_every > 0 && state_.step % tc.checkpoint_every == 0) {
+    if (tc.checkpoint_every > 0 && done.step % tc.checkpoint_every == 0) {
       save();
-      last_saved_step = state_.step;
+      last_saved_step = done.step;
+    }
+  };
+
+  std::optional<Enqueued> unread;  // a quiet step whose results have not been read yet
+  while (state_.step < last_step && g_stop_signal.load() == 0) {
+    for (int micro = 0; micro < accumulation; ++micro) {
+      const std::size_t offset = std::size_t(micro) * B * T;
+      train_sampler_->fill(state_.samples_consumed + std::uint64_t(micro) * B, B, inputs.data() + offset,
+                           targets.data() + offset);
+    }
+    const double lr = learning_rate(config_.optim, state_.step, tc.steps);
+    train_step.enqueue(inputs, targets, state_.step + 1, lr);
+    state_.samples_consumed += std::uint64_t(tc.batch_size);
+    state_.step += 1;
+    const Enqueued now{state_.step, lr};
+    if (unread) finish(*std::exchange(unread, std::nullopt));
+    if (reports_at(now.step)) {
+      finish(now);  // reads state_ (checkpoints), which then describes exactly this step
+    } else {
+      unread = now;
     }
   }
+  if (unread) finish(*unread);
 
   const int stop_signal = g_stop_signal.load();
   summary.reason = stop_signal == SIGINT        ? StopReason::interrupted

@@ -27,6 +27,13 @@ template <class Element> void fill_as(int threads, Tensor t, Element value) {
   cpu::parallel_for(threads, t.numel(), [&](std::int64_t i) { data[i] = value; });
 }
 
+// Every CPU op has finished when it returns, so there is nothing to wait for.
+class FinishedFence final : public Fence {
+ public:
+  void record() override {}
+  void wait() override {}
+};
+
 template <class Real> class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(threads) {}
@@ -72,6 +79,12 @@ template <class Real> class CpuBackend final : public Backend {
   }
   void synchronize() override {}  // every op has finished when it returns
 
+  // Ordinary host memory: the "asynchronous" copies finish before they return.
+  Buffer allocate_host(std::size_t bytes) override { return allocate(bytes); }
+  void copy_from_host_async(Tensor dst, const void* src) override { copy_from_host(dst, src); }
+  void copy_to_host_async(void* dst, Tensor src) override { copy_to_host(dst, src); }
+  std::unique_ptr<Fence> make_fence() override { return std::make_unique<FinishedFence>(); }
+
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte) override {
     cpu::embedding_forward<Real>(threads_, out, tokens, wte);
   }
@@ -98,9 +111,15 @@ template <class Real> class CpuBackend final : public Backend {
     cpu::cross_entropy<Real>(threads_, losses, logits, targets, vocab_size, compute_grad, grad_scale);
   }
   double sum_of_squares(Tensor x) override { return cpu::sum_of_squares<Real>(threads_, x); }
+  void sum_of_squares_into(Tensor result, Tensor x) override { cpu::sum_of_squares_into<Real>(threads_, result, x); }
+  void accumulate_sum(Tensor total, Tensor values) override { cpu::accumulate_sum<Real>(total, values); }
   void adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
              const AdamWStep& step, Tensor compute_copy) override {
     cpu::adamw<Real>(threads_, params, grads, m, v, segments, step, compute_copy);
+  }
+  void adamw_guarded(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+                     const AdamWHyper& hyper, Tensor schedule, Tensor stats, Tensor compute_copy) override {
+    cpu::adamw_guarded<Real>(threads_, params, grads, m, v, segments, hyper, schedule, stats, compute_copy);
   }
 
  private:

@@ -46,8 +46,13 @@ void cross_entropy(int threads, Tensor losses, Tensor logits, Tensor targets, in
 
 // cpu_optimizer.cpp
 template <class Real> double sum_of_squares(int threads, Tensor x);
+template <class Real> void sum_of_squares_into(int threads, Tensor result, Tensor x);
+template <class Real> void accumulate_sum(Tensor total, Tensor values);
 template <class Real>
 void adamw(int threads, Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
            const AdamWStep& step, Tensor compute_copy);
+template <class Real>
+void adamw_guarded(int threads, Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+                   const AdamWHyper& hyper, Tensor schedule, Tensor stats, Tensor compute_copy);
 
 }  // namespace pope::cpu

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -31,6 +32,13 @@
 #include "rmsnorm.cuh"
 
 namespace pope {
+
+static_assert(kernels::kGuardScheduleLr == kScheduleLr && kernels::kGuardScheduleCorrection1 == kScheduleCorrection1 &&
+                  kernels::kGuardScheduleCorrection2 == kScheduleCorrection2,
+              "adamw_guarded's schedule slots must match StepScheduleSlot");
+static_assert(kernels::kGuardStatsLossSum == kStatsLossSum && kernels::kGuardStatsGradSquares == kStatsGradSquares &&
+                  kernels::kGuardStatsApplied == kStatsApplied,
+              "adamw_guarded's stats slots must match StepStatsSlot");
 
 namespace {
 
@@ -72,6 +80,80 @@ std::vector<kernels::AdamWChunk> adamw_chunks(std::span<const ParamSegment> segm
                         segment.weight_decay ? 1 : 0});
   return chunks;
 }
+
+// Refuses host memory that is not page-locked: an asynchronous copy from pageable memory
+// would silently run synchronously (and cannot be recorded in a graph).
+void check_page_locked(std::string_view op, const void* host) {
+  cudaPointerAttributes attributes{};
+  POPE_CUDA_CHECK(cudaPointerGetAttributes(&attributes, host));
+  require(attributes.type == cudaMemoryTypeHost, op,
+          "the host memory is not page-locked; take it from allocate_host() (or use the synchronous copy)");
+}
+
+// A CUDA event on the backend's stream.
+class CudaFence final : public Fence {
+ public:
+  explicit CudaFence(cudaStream_t stream) : stream_(stream) {
+    POPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~CudaFence() override { cudaEventDestroy(event_); }
+  CudaFence(const CudaFence&) = delete;
+  CudaFence& operator=(const CudaFence&) = delete;
+
+  void record() override { POPE_CUDA_CHECK(cudaEventRecord(event_, stream_)); }
+  void wait() override { POPE_CUDA_CHECK(cudaEventSynchronize(event_)); }  // an unrecorded event returns at once
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Stream capture into one CUDA graph. Thread-local capture mode: a call on this thread that
+// is not capturable (an allocation, a synchronising copy) fails instead of being run.
+class CudaGraphCapture final : public GraphCapture {
+ public:
+  explicit CudaGraphCapture(cudaStream_t stream) : stream_(stream) {}
+  ~CudaGraphCapture() override {
+    if (recording_) {
+      cudaGraph_t abandoned = nullptr;
+      if (cudaStreamEndCapture(stream_, &abandoned) == cudaSuccess && abandoned) cudaGraphDestroy(abandoned);
+    }
+    if (executable_) cudaGraphExecDestroy(executable_);
+  }
+  CudaGraphCapture(const CudaGraphCapture&) = delete;
+  CudaGraphCapture& operator=(const CudaGraphCapture&) = delete;
+
+  void begin() override {
+    require(!recording_, "graph capture", "begin() called while already recording");
+    POPE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    recording_ = true;
+  }
+
+  void end() override {
+    require(recording_, "graph capture", "end() called without begin()");
+    recording_ = false;
+    cudaGraph_t graph = nullptr;
+    // Fails (capture invalidated) when a call in between could not be recorded.
+    POPE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    if (executable_) {
+      POPE_CUDA_CHECK(cudaGraphExecDestroy(executable_));
+      executable_ = nullptr;
+    }
+    const cudaError_t instantiated = cudaGraphInstantiate(&executable_, graph, 0);
+    cudaGraphDestroy(graph);  // the executable graph is independent of it
+    POPE_CUDA_CHECK(instantiated);
+  }
+
+  void replay() override {
+    require(executable_ != nullptr && !recording_, "graph capture", "replay() needs a finished recording");
+    POPE_CUDA_CHECK(cudaGraphLaunch(executable_, stream_));
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaGraphExec_t executable_ = nullptr;
+  bool recording_ = false;
+};
 
 bool same_segments(std::span<const ParamSegment> a, std::span<const ParamSegment> b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const ParamSegment& x, const ParamSegment& y) {
@@ -188,6 +270,32 @@ class CudaBackend final : public Backend {
     POPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     raise_device_errors();
   }
+
+  Buffer allocate_host(std::size_t bytes) override {
+    void* memory = nullptr;
+    POPE_CUDA_CHECK(cudaHostAlloc(&memory, bytes == 0 ? 1 : bytes, cudaHostAllocDefault));
+    std::memset(memory, 0, bytes);
+    return Buffer(memory, [](void* p) { cudaFreeHost(p); });
+  }
+
+  void copy_from_host_async(Tensor dst, const void* src) override {
+    check_vector("copy_from_host_async", "dst", dst, dst.dtype, dst.numel());
+    if (dst.nbytes() == 0) return;
+    check_page_locked("copy_from_host_async", src);
+    POPE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+  }
+
+  void copy_to_host_async(void* dst, Tensor src) override {
+    check_vector("copy_to_host_async", "src", src, src.dtype, src.numel());
+    if (src.nbytes() == 0) return;
+    check_page_locked("copy_to_host_async", dst);
+    POPE_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  }
+
+  std::unique_ptr<Fence> make_fence() override { return std::make_unique<CudaFence>(stream_); }
+
+  bool supports_graphs() const override { return true; }
+  std::unique_ptr<GraphCapture> make_graph_capture() override { return std::make_unique<CudaGraphCapture>(stream_); }
 
   // ---- embedding --------------------------------------------------------------------------
 
@@ -345,23 +453,27 @@ class CudaBackend final : public Backend {
     return result;
   }
 
+  void sum_of_squares_into(Tensor result, Tensor x) override {
+    check_vector("sum_of_squares_into", "result", result, DType::f64, 1);
+    check_vector("sum_of_squares_into", "x", x, DType::f32, x.numel());
+    void* scratch = sum_scratch_.reserve(kernels::sum_of_squares_scratch_bytes());
+    launched(kernels::sum_of_squares(result.as<double>(), x.as<float>(), std::size_t(x.numel()), scratch,
+                                     sum_scratch_.bytes(), stream_),
+             "sum_of_squares_into");
+  }
+
+  void accumulate_sum(Tensor total, Tensor values) override {
+    check_vector("accumulate_sum", "total", total, DType::f64, 1);
+    check_vector("accumulate_sum", "values", values, DType::f32, values.numel());
+    launched(kernels::accumulate_sum(total.as<double>(), values.as<float>(), std::size_t(values.numel()), stream_),
+             "accumulate_sum");
+  }
+
   void adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
              const AdamWStep& step, Tensor compute_copy) override {
     constexpr std::string_view op = "adamw";
-    const std::int64_t total = params.numel();
-    check_vector(op, "params", params, DType::f32, total);
-    check_vector(op, "grads", grads, DType::f32, total);
-    check_vector(op, "m", m, DType::f32, total);
-    check_vector(op, "v", v, DType::f32, total);
-    if (!compute_copy.empty()) check_vector(op, "compute_copy", compute_copy, DType::bf16, total);
+    check_adamw_arena(op, params, grads, m, v, segments, step.beta1, step.beta2, compute_copy);
     require(step.step >= 1, op, fmt::format("step is {}, expected >= 1 (1-based for bias correction)", step.step));
-    require(step.beta1 >= 0 && step.beta1 < 1 && step.beta2 >= 0 && step.beta2 < 1, op,
-            fmt::format("beta1 {} and beta2 {} must lie in [0, 1)", step.beta1, step.beta2));
-    for (std::size_t i = 0; i < segments.size(); ++i)
-      require(segments[i].offset >= 0 && segments[i].numel >= 0 && segments[i].offset + segments[i].numel <= total, op,
-              fmt::format("segment {} covers [{}, {}), outside the arena's {} elements", i, segments[i].offset,
-                          segments[i].offset + segments[i].numel, total));
-    upload_adamw_chunks(segments);
 
     // The same fp32 scalars, computed the same way, as the CPU reference's float backend.
     kernels::AdamWScalars s{};
@@ -382,6 +494,30 @@ class CudaBackend final : public Backend {
              op);
   }
 
+  void adamw_guarded(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+                     const AdamWHyper& hyper, Tensor schedule, Tensor stats, Tensor compute_copy) override {
+    constexpr std::string_view op = "adamw_guarded";
+    check_adamw_arena(op, params, grads, m, v, segments, hyper.beta1, hyper.beta2, compute_copy);
+    check_vector(op, "schedule", schedule, DType::f64, kStepScheduleSize);
+    check_vector(op, "stats", stats, DType::f64, kStepStatsSize);
+    kernels::AdamWGuardSettings settings{};
+    settings.beta1 = float(hyper.beta1);
+    settings.beta2 = float(hyper.beta2);
+    settings.eps = float(hyper.eps);
+    settings.one_minus_beta1 = 1 - settings.beta1;
+    settings.one_minus_beta2 = 1 - settings.beta2;
+    settings.weight_decay = float(hyper.weight_decay);
+    settings.grad_clip = hyper.grad_clip;
+    auto* scratch = static_cast<kernels::AdamWDeviceScalars*>(
+        adamw_guard_scratch_.reserve(sizeof(kernels::AdamWDeviceScalars)));
+    launched(kernels::adamw_guarded(params.as<float>(), grads.as<float>(), m.as<float>(), v.as<float>(),
+                                    compute_copy.empty() ? nullptr : bf16_data(compute_copy),
+                                    static_cast<const kernels::AdamWChunk*>(adamw_chunk_table_.data()),
+                                    adamw_chunk_count_, settings, schedule.as<double>(), stats.as<double>(), scratch,
+                                    stream_),
+             op);
+  }
+
  private:
   // Turns a launcher's status into an exception naming the op.
   static void launched(cudaError_t status, std::string_view op) {
@@ -393,6 +529,25 @@ class CudaBackend final : public Backend {
   // The kernels index rows and columns with int.
   static void check_sizes(std::string_view op, std::initializer_list<std::int64_t> sizes) {
     for (std::int64_t size : sizes) check_int_range(op, "a dimension", size);
+  }
+
+  // Validates the arena, moments and segments of an AdamW call and makes sure the device
+  // chunk table describes `segments`.
+  void check_adamw_arena(std::string_view op, Tensor params, Tensor grads, Tensor m, Tensor v,
+                         std::span<const ParamSegment> segments, double beta1, double beta2, Tensor compute_copy) {
+    const std::int64_t total = params.numel();
+    check_vector(op, "params", params, DType::f32, total);
+    check_vector(op, "grads", grads, DType::f32, total);
+    check_vector(op, "m", m, DType::f32, total);
+    check_vector(op, "v", v, DType::f32, total);
+    if (!compute_copy.empty()) check_vector(op, "compute_copy", compute_copy, DType::bf16, total);
+    require(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, op,
+            fmt::format("beta1 {} and beta2 {} must lie in [0, 1)", beta1, beta2));
+    for (std::size_t i = 0; i < segments.size(); ++i)
+      require(segments[i].offset >= 0 && segments[i].numel >= 0 && segments[i].offset + segments[i].numel <= total, op,
+              fmt::format("segment {} covers [{}, {}), outside the arena's {} elements", i, segments[i].offset,
+                          segments[i].offset + segments[i].numel, total));
+    upload_adamw_chunks(segments);
   }
 
   // The chunk table lives on the device and is rebuilt only when the segments change.
@@ -441,7 +596,7 @@ class CudaBackend final : public Backend {
   double* sum_result_ = nullptr;
   std::unique_ptr<cuda::CublasLtMatmul> matmul_;
   std::unique_ptr<cuda::AttentionRunner> attention_;
-  cuda::DeviceScratch embedding_scratch_, rmsnorm_scratch_, sum_scratch_, adamw_chunk_table_;
+  cuda::DeviceScratch embedding_scratch_, rmsnorm_scratch_, sum_scratch_, adamw_chunk_table_, adamw_guard_scratch_;
   std::vector<ParamSegment> adamw_segments_;
   int adamw_chunk_count_ = 0;
   bool adamw_table_valid_ = false;

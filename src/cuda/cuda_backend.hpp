@@ -5,7 +5,10 @@
 // Per-op dtypes: embedding table bf16, its gradient f32; rmsnorm gain bf16, dgain f32;
 // matmul a, b bf16 and out bf16 or f32; gelu, add bf16; cross_entropy logits bf16, losses
 // f32; sum_of_squares f32; adamw params, grads, m, v f32 and compute_copy bf16 (written for
-// segment elements only). Ops are queued on the backend's stream; host copies synchronise.
+// segment elements only); sum_of_squares_into, accumulate_sum (values f32), adamw_guarded
+// (schedule and stats) use f64 scalars. Ops are queued on the backend's stream; host copies
+// synchronise, except the *_async ones, which need page-locked memory from allocate_host().
+// Work can be recorded into a CUDA graph (make_graph_capture).
 // Bad token ids and targets, which only the GPU sees, are reported by the next call that
 // synchronises (synchronize, copy_to_host, sum_of_squares) as std::invalid_argument.
 #pragma once

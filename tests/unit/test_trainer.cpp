@@ -134,3 +134,63 @@ TEST_F(TrainerTest, ResumeWithADifferentConfigIsAnError) {
   Trainer third(config_, options("run", "auto"));
   EXPECT_EQ(third.step(), 2);
 }
+
+// With log_every > 1, quiet steps are read one step late (while the next runs); the guard
+// and exact resume must work the same.
+TEST_F(TrainerTest, StepsReadOneStepLateKeepTheGuardAndExactResume) {
+  config_.train.log_every = 100;  // only steps 1 and the last are logged
+  config_.train.max_nonfinite_steps = 3;
+  std::vector<float> straight_params;
+  {
+    Trainer straight(config_, options("straight"));
+    straight.train();
+    straight_params = straight.model().parameters_to_host();
+  }
+  {
+    Trainer first(config_, options("split", "", 5));
+    first.train();
+  }
+  {
+    Trainer second(config_, options("split", "auto"));
+    second.train();
+    EXPECT_EQ(second.model().parameters_to_host(), straight_params);
+  }
+
+  config_.train.steps = 30;  // continue the finished run, then break it
+  Trainer longer(config_, options("split", "auto"));
+  float* params = longer.model().parameters().as<float>();
+  params[longer.model().layout().offset(longer.model().layout().index_of("final_norm.weight"))] =
+      std::numeric_limits<float>::quiet_NaN();
+  try {
+    longer.train();
+    FAIL() << "expected TrainingAborted";
+  } catch (const TrainingAborted& e) {
+    EXPECT_NE(std::string(e.what()).find("3 consecutive"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("last at step 15"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(latest_checkpoint(dir_ / "split")->filename(), "step_00000012");
+}
+
+// The short last validation batch is padded with masked rows: the mean is over real windows only.
+TEST_F(TrainerTest, EvaluationCountsOnlyRealWindows) {
+  const TokenDataset val = TokenDataset::open(config_.data.val, config_.model.vocab_size);
+  const SequentialWindowSampler windows(val, config_.train.seq_len);
+  for (const int micro : {3, 5, 7}) {  // a batch size that leaves a short last batch
+    if (windows.window_count() % std::uint64_t(micro) != 0) config_.train.micro_batch_size = micro;
+  }
+  config_.train.batch_size = config_.train.micro_batch_size;
+  ASSERT_NE(windows.window_count() % std::uint64_t(config_.train.micro_batch_size), 0u);
+  config_.train.eval_batches = 1000;  // every window
+  Trainer trainer(config_, options("run"));
+  const int T = config_.train.seq_len;
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(T)), targets(inputs.size());
+  LossSum total;
+  for (std::uint64_t w = 0; w < windows.window_count(); ++w) {
+    ASSERT_EQ(windows.fill(w, 1, inputs.data(), targets.data()), 1);
+    const LossSum one = trainer.model().forward(inputs.data(), targets.data(), 1, T);
+    total.sum += one.sum;
+    total.count += one.count;
+  }
+  EXPECT_EQ(total.count, long(windows.window_count()) * T);
+  EXPECT_NEAR(trainer.evaluate(), total.mean(), 1e-6 * total.mean());
+}

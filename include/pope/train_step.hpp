@@ -1,0 +1,77 @@
+// One optimizer step as backend work only: zero the gradients, forward and backward over
+// every micro-batch (the loss summed on the device), the global gradient norm, and AdamW
+// clipped and guarded on the device. The host uploads the step's tokens, targets and
+// schedule without waiting and reads the results only when asked. On a backend that
+// supports graphs, the step runs eagerly once, is then recorded (a CUDA graph) and replayed.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "pope/backend.hpp"
+#include "pope/model.hpp"
+#include "pope/optim.hpp"
+
+namespace pope {
+
+struct TrainStepShape {
+  int micro_batches = 1;    // gradient-accumulation steps per optimizer step
+  int batch = 1;            // B of each micro-batch
+  int seq_len = 1;          // T
+  double grad_scale = 1.0;  // the loss gradient's factor (1 / tokens of the global batch)
+  std::int64_t tokens() const { return std::int64_t(micro_batches) * batch * seq_len; }
+};
+
+struct TrainStepResult {
+  double loss_sum = 0.0;   // Σ token losses over every micro-batch (unmasked targets)
+  OptimizerStepResult optimizer;
+};
+
+class TrainStep {
+ public:
+  // use_graph = false keeps every step eager (for comparisons); it is ignored by backends
+  // without graph support. Throws std::invalid_argument for a non-positive shape.
+  TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph = true);
+  ~TrainStep();
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
+
+  // Queues optimizer step `step` (1-based) at learning rate `lr` over tokens and targets of
+  // shape().tokens() entries each (micro-batch after micro-batch, B·T each; targets < 0 are
+  // masked). Returns without waiting for this step; it waits for the step two before, whose
+  // host staging it reuses, so the host runs at most two steps ahead. Token ids are checked here.
+  void enqueue(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, long step, double lr);
+
+  // The results of the step most recently enqueued, or of the one before it: waits for that
+  // step only. Throws std::logic_error for an older step (its results are overwritten).
+  TrainStepResult result(long step);
+
+  const TrainStepShape& shape() const { return shape_; }
+  // Whether a recording of the step exists for the model's current activation buffers, so
+  // that the next enqueue replays it (true from the second step on a graph backend).
+  bool replaying() const;
+
+ private:
+  struct Slot;
+  void run_step();
+  void queue_step();
+
+  Model& model_;
+  AdamW& optimizer_;
+  TrainStepShape shape_;
+  bool use_graph_;
+  OwnedTensor tokens_, targets_;  // device [micro_batches, B·T] i32
+  OwnedTensor schedule_, stats_;  // device f64 [kStepScheduleSize], [kStepStatsSize]
+  // Two sets of host staging memory, so the host fills one while the device may still read
+  // the other (double buffering).
+  std::array<std::unique_ptr<Slot>, 2> slots_;
+  std::unique_ptr<GraphCapture> graph_;
+  std::uint64_t recorded_generation_ = 0;  // Model::activation_generation() the recording holds
+  bool warm_ = false;                      // an eager step has run on...
+  std::uint64_t warm_generation_ = 0;      // ...these activation buffers
+  long enqueued_ = 0;
+};
+
+}  // namespace pope

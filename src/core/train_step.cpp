@@ -1,0 +1,134 @@
+#include "pope/train_step.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace pope {
+
+// Host staging of one step: its inputs, its results, and a fence recorded once the device
+// has copied the results out (so everything before, the input uploads too, is done).
+struct TrainStep::Slot {
+  Buffer tokens, targets, schedule, stats;
+  std::unique_ptr<Fence> done;
+  long step = 0;  // the step whose results `stats` receives; 0 before the first
+};
+
+TrainStep::TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph)
+    : model_(model), optimizer_(optimizer), shape_(shape), use_graph_(use_graph) {
+  if (shape.micro_batches <= 0 || shape.batch <= 0 || shape.seq_len <= 0)
+    throw std::invalid_argument(fmt::format("TrainStep: {} micro-batches of {} × {} tokens; expected all positive",
+                                            shape.micro_batches, shape.batch, shape.seq_len));
+  Backend& be = model.backend();
+  const std::int64_t per_micro = std::int64_t(shape.batch) * shape.seq_len;
+  tokens_ = allocate_tensor(be, {shape.micro_batches, per_micro}, DType::i32);
+  targets_ = allocate_tensor(be, {shape.micro_batches, per_micro}, DType::i32);
+  schedule_ = allocate_tensor(be, {kStepScheduleSize}, DType::f64);
+  stats_ = allocate_tensor(be, {kStepStatsSize}, DType::f64);
+  for (auto& slot : slots_) {
+    slot = std::make_unique<Slot>();
+    slot->tokens = be.allocate_host(tokens_.tensor.nbytes());
+    slot->targets = be.allocate_host(targets_.tensor.nbytes());
+    slot->schedule = be.allocate_host(schedule_.tensor.nbytes());
+    slot->stats = be.allocate_host(stats_.tensor.nbytes());
+    slot->done = be.make_fence();
+  }
+}
+
+// The device may still copy a step's results into the pinned slots: wait before they are
+// freed. A destructor must not throw, and an error here has been or will be reported by the
+// call that queued the work.
+TrainStep::~TrainStep() {
+  for (auto& slot : slots_) {
+    try {
+      slot->done->wait();
+    } catch (...) {
+    }
+  }
+}
+
+bool TrainStep::replaying() const {
+  return graph_ != nullptr && recorded_generation_ == model_.activation_generation();
+}
+
+void TrainStep::enqueue(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, long step,
+                        double lr) {
+  const std::int64_t count = shape_.tokens();
+  if (std::int64_t(tokens.size()) != count || std::int64_t(targets.size()) != count)
+    throw std::invalid_argument(fmt::format("TrainStep: {} tokens and {} targets given, expected {} micro-batches × "
+                                            "{} × {} = {} each",
+                                            tokens.size(), targets.size(), shape_.micro_batches, shape_.batch,
+                                            shape_.seq_len, count));
+  check_tokens(tokens, targets, model_.config().vocab_size);
+  const auto schedule = optimizer_.schedule(step, lr);
+
+  Backend& be = model_.backend();
+  Slot& slot = *slots_[std::size_t(enqueued_ % 2)];
+  slot.done->wait();  // the device is done with this slot's previous step (two steps ago)
+  std::memcpy(slot.tokens.get(), tokens.data(), tokens.size_bytes());
+  std::memcpy(slot.targets.get(), targets.data(), targets.size_bytes());
+  std::memcpy(slot.schedule.get(), schedule.data(), sizeof(schedule));
+  be.copy_from_host_async(tokens_.tensor, slot.tokens.get());
+  be.copy_from_host_async(targets_.tensor, slot.targets.get());
+  be.copy_from_host_async(schedule_.tensor, slot.schedule.get());
+  run_step();
+  be.copy_to_host_async(slot.stats.get(), stats_.tensor);
+  slot.done->record();
+  slot.step = step;
+  ++enqueued_;
+}
+
+TrainStepResult TrainStep::result(long step) {
+  // The newest slot first, in case a step number was enqueued twice.
+  for (long back = 1; back <= 2 && back <= enqueued_; ++back) {
+    Slot& slot = *slots_[std::size_t((enqueued_ - back) % 2)];
+    if (slot.step != step) continue;
+    slot.done->wait();
+    const std::span<const double, kStepStatsSize> stats(static_cast<const double*>(slot.stats.get()), kStepStatsSize);
+    return {stats[kStatsLossSum], optimizer_.result_from(stats)};
+  }
+  throw std::logic_error(
+      fmt::format("TrainStep: no results kept for step {}; only the last two enqueued steps are", step));
+}
+
+// Eager until one step of the current activation buffers has run (it reserves every scratch
+// buffer the step needs), then recorded once and replayed; recorded again if the model's
+// activations were reallocated (e.g. by an evaluation with another batch size).
+void TrainStep::run_step() {
+  if (replaying()) {
+    graph_->replay();
+    return;
+  }
+  graph_.reset();
+  Backend& be = model_.backend();
+  const bool warm = warm_generation_ == model_.activation_generation() && warm_;
+  if (!use_graph_ || !be.supports_graphs() || !warm) {
+    queue_step();
+    warm_ = true;
+    warm_generation_ = model_.activation_generation();
+    return;
+  }
+  std::unique_ptr<GraphCapture> capture = be.make_graph_capture();
+  capture->begin();
+  queue_step();  // on an exception, the capture's destructor ends the recording
+  capture->end();
+  graph_ = std::move(capture);
+  recorded_generation_ = model_.activation_generation();
+  graph_->replay();
+}
+
+void TrainStep::queue_step() {
+  Backend& be = model_.backend();
+  be.fill(stats_.tensor, 0.0);  // the loss sum starts at 0; the other entries are overwritten
+  model_.zero_gradients();
+  const Tensor loss_sum = stats_.tensor.rows(kStatsLossSum, kStatsLossSum + 1);
+  const Shape micro_batch{std::int64_t(shape_.batch) * shape_.seq_len};
+  for (int m = 0; m < shape_.micro_batches; ++m)
+    model_.forward_backward(tokens_.tensor.rows(m, m + 1).reshaped(micro_batch),
+                            targets_.tensor.rows(m, m + 1).reshaped(micro_batch), shape_.batch, shape_.seq_len,
+                            shape_.grad_scale, loss_sum);
+  optimizer_.step_on_device(schedule_.tensor, stats_.tensor);
+}
+
+}  // namespace pope
