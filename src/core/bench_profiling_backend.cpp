@@ -118,6 +118,17 @@ void ProfilingBackend::cross_entropy(Tensor losses, Tensor logits, Tensor target
 double ProfilingBackend::sum_of_squares(Tensor x) {
   return timed("sum_of_squares", [&] { return inner_.sum_of_squares(x); });
 }
+void ProfilingBackend::sum_of_squares_into(Tensor result, Tensor x) {
+  timed("sum_of_squares", [&] { inner_.sum_of_squares_into(result, x); });
+}
+void ProfilingBackend::accumulate_sum(Tensor total, Tensor values) {
+  timed("accumulate_sum", [&] { inner_.accumulate_sum(total, values); });
+}
+void ProfilingBackend::adamw_guarded(Tensor params, Tensor grads, Tensor m, Tensor v,
+                                     std::span<const ParamSegment> segments, const AdamWHyper& hyper, Tensor schedule,
+                                     Tensor stats, Tensor compute_copy) {
+  timed("adamw", [&] { inner_.adamw_guarded(params, grads, m, v, segments, hyper, schedule, stats, compute_copy); });
+}
 void ProfilingBackend::adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
                              const AdamWStep& step, Tensor compute_copy) {
   timed("adamw", [&] { inner_.adamw(params, grads, m, v, segments, step, compute_copy); });

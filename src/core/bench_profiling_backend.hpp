@@ -35,6 +35,11 @@ class ProfilingBackend final : public Backend {
   void copy_from_host(Tensor dst, const void* src) override;
   void copy_to_host(void* dst, Tensor src) override;
   void synchronize() override { inner_.synchronize(); }
+  // Staging and fences pass straight through (the profiled step is eager, never recorded).
+  Buffer allocate_host(std::size_t bytes) override { return inner_.allocate_host(bytes); }
+  void copy_from_host_async(Tensor dst, const void* src) override { inner_.copy_from_host_async(dst, src); }
+  void copy_to_host_async(void* dst, Tensor src) override { inner_.copy_to_host_async(dst, src); }
+  std::unique_ptr<Fence> make_fence() override { return inner_.make_fence(); }
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte) override;
   void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens) override;
@@ -49,6 +54,10 @@ class ProfilingBackend final : public Backend {
   void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
                      double grad_scale) override;
   double sum_of_squares(Tensor x) override;
+  void sum_of_squares_into(Tensor result, Tensor x) override;
+  void accumulate_sum(Tensor total, Tensor values) override;
+  void adamw_guarded(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
+                     const AdamWHyper& hyper, Tensor schedule, Tensor stats, Tensor compute_copy) override;
   void adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
              const AdamWStep& step, Tensor compute_copy) override;
 
