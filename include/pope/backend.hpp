@@ -164,6 +164,15 @@ class Backend {
   virtual void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b,
                       double alpha = 1.0, double beta = 0.0) = 0;
 
+  // A matmul whose product P = op(a) · op(b) passes through an epilogue before it is stored
+  // (bf16 out; fused into the GEMM on the GPU, composed from the ops here by default):
+  //   add:           out = P + aux          (aux [M, N], must not alias out: the residual add)
+  //   gelu:          aux = P, out = gelu(P) (aux keeps the pre-activation for the backward)
+  //   gelu_backward: out = P · gelu'(aux)   (aux is the forward's pre-activation)
+  enum class MatmulEpilogue { add, gelu, gelu_backward };
+  virtual void matmul_epilogue(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b,
+                               MatmulEpilogue epilogue, Tensor aux);
+
   // GELU, tanh approximation. backward writes dx = dout · gelu'(x) (dx may alias dout).
   virtual void gelu_forward(Tensor out, Tensor x) = 0;
   virtual void gelu_backward(Tensor dx, Tensor dout, Tensor x) = 0;

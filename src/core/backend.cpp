@@ -11,6 +11,27 @@ std::unique_ptr<GraphCapture> Backend::make_graph_capture() {
   throw std::logic_error(fmt::format("{} cannot record work for replay (supports_graphs() is false)", description()));
 }
 
+void Backend::matmul_epilogue(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b,
+                              MatmulEpilogue epilogue, Tensor aux) {
+  switch (epilogue) {
+    case MatmulEpilogue::add:
+      if (aux.data == out.data)
+        throw std::invalid_argument("matmul_epilogue(add): aux aliases out; expected a separate addend");
+      matmul(out, a, b, transpose_a, transpose_b);
+      add(out, out, aux);
+      return;
+    case MatmulEpilogue::gelu:
+      matmul(aux, a, b, transpose_a, transpose_b);
+      gelu_forward(out, aux);
+      return;
+    case MatmulEpilogue::gelu_backward:
+      matmul(out, a, b, transpose_a, transpose_b);
+      gelu_backward(out, out, aux);
+      return;
+  }
+  throw std::logic_error("matmul_epilogue: unhandled epilogue");
+}
+
 OwnedTensor allocate_tensor(Backend& backend, Shape shape, DType dtype) {
   OwnedTensor owned;
   const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);

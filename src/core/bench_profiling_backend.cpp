@@ -17,6 +17,25 @@ std::string matmul_detail(const Tensor& out, const Tensor& a, const Tensor& b, b
                      tb ? "ᵀ" : "", shape_string(b.shape), beta != 0.0 ? " + β·out" : "");
 }
 
+// out is [M, N]; the shared dimension K is a's second dimension, or its first when transposed.
+double matmul_flops(const Tensor& out, const Tensor& a, bool transpose_a) {
+  return out.shape.size() == 2 && a.shape.size() == 2
+             ? 2.0 * double(out.shape[0]) * double(out.shape[1]) * double(a.shape[transpose_a ? 0 : 1])
+             : 0.0;
+}
+
+const char* epilogue_name(Backend::MatmulEpilogue epilogue) {
+  switch (epilogue) {
+    case Backend::MatmulEpilogue::add:
+      return " + aux";
+    case Backend::MatmulEpilogue::gelu:
+      return ", gelu";
+    case Backend::MatmulEpilogue::gelu_backward:
+      return ", · gelu'(aux)";
+  }
+  return "";
+}
+
 }  // namespace
 
 template <class Call>
@@ -87,13 +106,17 @@ void ProfilingBackend::rmsnorm_backward(Tensor dx, Tensor dgain, Tensor dout, Te
 
 void ProfilingBackend::matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha,
                               double beta) {
-  // out is [M, N]; the shared dimension K is a's second dimension, or its first when transposed.
-  const double flops = out.shape.size() == 2 && a.shape.size() == 2
-                           ? 2.0 * double(out.shape[0]) * double(out.shape[1]) * double(a.shape[transpose_a ? 0 : 1])
-                           : 0.0;
   timed(
-      "matmul", [&] { return matmul_detail(out, a, b, transpose_a, transpose_b, beta); }, flops,
-      [&] { inner_.matmul(out, a, b, transpose_a, transpose_b, alpha, beta); });
+      "matmul", [&] { return matmul_detail(out, a, b, transpose_a, transpose_b, beta); },
+      matmul_flops(out, a, transpose_a), [&] { inner_.matmul(out, a, b, transpose_a, transpose_b, alpha, beta); });
+}
+
+void ProfilingBackend::matmul_epilogue(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b,
+                                       MatmulEpilogue epilogue, Tensor aux) {
+  timed(
+      "matmul", [&] { return matmul_detail(out, a, b, transpose_a, transpose_b, 0.0) + epilogue_name(epilogue); },
+      matmul_flops(out, a, transpose_a),
+      [&] { inner_.matmul_epilogue(out, a, b, transpose_a, transpose_b, epilogue, aux); });
 }
 
 void ProfilingBackend::gelu_forward(Tensor out, Tensor x) {

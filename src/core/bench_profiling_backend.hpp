@@ -46,6 +46,8 @@ class ProfilingBackend final : public Backend {
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor gain, double eps) override;
   void rmsnorm_backward(Tensor dx, Tensor dgain, Tensor dout, Tensor x, Tensor gain, Tensor rstd) override;
   void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha, double beta) override;
+  void matmul_epilogue(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, MatmulEpilogue epilogue,
+                       Tensor aux) override;
   void gelu_forward(Tensor out, Tensor x) override;
   void gelu_backward(Tensor dx, Tensor dout, Tensor x) override;
   void add(Tensor out, Tensor a, Tensor b) override;

@@ -285,15 +285,15 @@ void Model::forward_pass(Tensor tokens, int B, int T) {
     be.matmul(a.qkv[l].tensor, a.norm1[l].tensor, weight(li.qkv), false, true);
     AttentionForward af{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor, pparams};
     be.attention_forward(af);
-    // residual_mid = residual + attn · W_projᵀ  (the projection is written to residual_mid first)
-    be.matmul(a.residual_mid[l].tensor, a.attn[l].tensor, weight(li.attn_proj), false, true);
-    be.add(a.residual_mid[l].tensor, a.residual_mid[l].tensor, a.residual[l].tensor);
+    // residual_mid = residual + attn · W_projᵀ, the residual added in the GEMM's epilogue
+    be.matmul_epilogue(a.residual_mid[l].tensor, a.attn[l].tensor, weight(li.attn_proj), false, true,
+                       Backend::MatmulEpilogue::add, a.residual[l].tensor);
     be.rmsnorm_forward(a.norm2[l].tensor, a.rstd2[l].tensor, a.residual_mid[l].tensor, weight(li.mlp_norm),
                        config_.norm_eps);
-    be.matmul(a.fc_pre[l].tensor, a.norm2[l].tensor, weight(li.fc), false, true);
-    be.gelu_forward(a.fc_act[l].tensor, a.fc_pre[l].tensor);
-    be.matmul(a.residual[l + 1].tensor, a.fc_act[l].tensor, weight(li.mlp_proj), false, true);
-    be.add(a.residual[l + 1].tensor, a.residual[l + 1].tensor, a.residual_mid[l].tensor);
+    be.matmul_epilogue(a.fc_act[l].tensor, a.norm2[l].tensor, weight(li.fc), false, true,
+                       Backend::MatmulEpilogue::gelu, a.fc_pre[l].tensor);
+    be.matmul_epilogue(a.residual[l + 1].tensor, a.fc_act[l].tensor, weight(li.mlp_proj), false, true,
+                       Backend::MatmulEpilogue::add, a.residual_mid[l].tensor);
   }
   be.rmsnorm_forward(a.final_norm.tensor, a.final_rstd.tensor, a.residual[config_.n_layer].tensor,
                      weight(final_norm_), config_.norm_eps);
@@ -332,9 +332,9 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const LayerIndex& li = layers_[std::size_t(l)];
     // MLP branch: residual[l+1] = residual_mid + fc_act · W_projᵀ.
-    be.matmul(a.d_fc.tensor, a.d_residual.tensor, weight(li.mlp_proj), false, false);
     be.matmul(grad(li.mlp_proj), a.d_residual.tensor, a.fc_act[l].tensor, true, false, 1.0, 1.0);
-    be.gelu_backward(a.d_fc.tensor, a.d_fc.tensor, a.fc_pre[l].tensor);
+    be.matmul_epilogue(a.d_fc.tensor, a.d_residual.tensor, weight(li.mlp_proj), false, false,
+                       Backend::MatmulEpilogue::gelu_backward, a.fc_pre[l].tensor);
     be.matmul(a.d_norm.tensor, a.d_fc.tensor, weight(li.fc), false, false);
     be.matmul(grad(li.fc), a.d_fc.tensor, a.norm2[l].tensor, true, false, 1.0, 1.0);
     be.rmsnorm_backward(a.d_residual.tensor, grad(li.mlp_norm), a.d_norm.tensor, a.residual_mid[l].tensor,

@@ -3,7 +3,10 @@
 // the column-major outᵀ = op(b)ᵀ · op(a)ᵀ: cuBLASLt's first operand is our b (transposed
 // when transpose_b), its second our a (transposed when transpose_a), and its m, n are our
 // n, m. Descriptors, layouts and the heuristic's algorithm are built once per PlanKey and
-// reused, so a training step only enqueues cublasLtMatmul calls.
+// reused, so a training step only enqueues cublasLtMatmul calls. The epilogues' aux matrix
+// has out's shape, so it is column-major [n, m] with leading dimension n as well; its
+// pointer is set on the descriptor just before each call (pointers change per layer, the
+// descriptor is shared, and cublasLtMatmul reads the attribute when it is enqueued).
 #include "cuda/cublaslt_matmul.hpp"
 
 #include <fmt/format.h>
@@ -71,9 +74,38 @@ CublasLtMatmul::~CublasLtMatmul() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
+namespace {
+
+cublasLtEpilogue_t cublaslt_epilogue(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::none:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::gelu:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::gelu_backward:
+      return CUBLASLT_EPILOGUE_DGELU;
+  }
+  throw std::logic_error("matmul: unhandled epilogue");
+}
+
+const void* c_operand(const GemmCall& call) { return call.addend != nullptr ? call.addend : call.out; }
+
+}  // namespace
+
 const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
-  const PlanKey key{call.m,          call.n,    call.k, call.transpose_a, call.transpose_b, call.out_is_f32,
-                    call.beta != 0.0f, alignment_bytes(call.a), alignment_bytes(call.b), alignment_bytes(call.out)};
+  const PlanKey key{call.m,
+                    call.n,
+                    call.k,
+                    call.transpose_a,
+                    call.transpose_b,
+                    call.out_is_f32,
+                    call.beta != 0.0f,
+                    alignment_bytes(call.a),
+                    alignment_bytes(call.b),
+                    alignment_bytes(call.out),
+                    alignment_bytes(c_operand(call)),
+                    static_cast<int>(call.epilogue),
+                    call.aux != nullptr ? alignment_bytes(call.aux) : 0};
   if (auto found = plans_.find(key); found != plans_.end()) return *found->second;
 
   auto plan = std::make_unique<Plan>();
@@ -86,6 +118,24 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
   check_cublas(
       cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &second_op, sizeof(second_op)),
       "set TRANSB");
+  if (call.epilogue != GemmEpilogue::none) {
+    if (call.out_is_f32 || call.aux == nullptr)
+      throw std::logic_error("matmul: an epilogue needs a bf16 out and an aux matrix");
+    const cublasLtEpilogue_t epilogue = cublaslt_epilogue(call.epilogue);
+    const std::int64_t aux_ld = call.n;
+    const cudaDataType_t aux_type = CUDA_R_16BF;
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+        "set EPILOGUE");
+    check_cublas(
+        cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+        "set EPILOGUE_AUX_LD");
+    check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                                &aux_type, sizeof(aux_type)),
+                 "set EPILOGUE_AUX_DATA_TYPE");
+    // The heuristic checks the aux pointer's alignment, so it must be set before asking.
+    set_aux_pointer(*plan, call.aux);
+  }
   // Stored (column-major) shapes: b is [n, k] unless transposed ([k, n]); a is [k, m] unless
   // transposed ([m, k]); out is [n, m].
   plan->first = make_layout(CUDA_R_16BF, call.transpose_b ? call.k : call.n, call.transpose_b ? call.n : call.k);
@@ -102,7 +152,8 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
   prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kWorkspaceBytes}, "set MAX_WORKSPACE_BYTES");
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, std::uint32_t(alignment_bytes(call.b)), "set MIN_ALIGNMENT_A");
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, std::uint32_t(alignment_bytes(call.a)), "set MIN_ALIGNMENT_B");
-  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, std::uint32_t(alignment_bytes(call.out)), "set MIN_ALIGNMENT_C");
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, std::uint32_t(alignment_bytes(c_operand(call))),
+         "set MIN_ALIGNMENT_C");
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, std::uint32_t(alignment_bytes(call.out)), "set MIN_ALIGNMENT_D");
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
@@ -111,17 +162,25 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
                "cublasLtMatmulAlgoGetHeuristic");
   if (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(fmt::format(
-        "matmul: cuBLASLt has no algorithm for out [{}, {}] ({}) = op(a) [{}, {}]{} · op(b) [{}, {}]{} with beta {}",
+        "matmul: cuBLASLt has no algorithm for out [{}, {}] ({}) = op(a) [{}, {}]{} · op(b) [{}, {}]{} with beta {} "
+        "and epilogue {}",
         call.m, call.n, call.out_is_f32 ? "f32" : "bf16", call.m, call.k, call.transpose_a ? " (a transposed)" : "",
-        call.k, call.n, call.transpose_b ? " (b transposed)" : "", call.beta));
+        call.k, call.n, call.transpose_b ? " (b transposed)" : "", call.beta, static_cast<int>(call.epilogue)));
   plan->algorithm = heuristic.algo;
   return *plans_.emplace(key, std::move(plan)).first->second;
 }
 
+void CublasLtMatmul::set_aux_pointer(const Plan& plan, void* aux) {
+  check_cublas(
+      cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+      "set EPILOGUE_AUX_POINTER");
+}
+
 void CublasLtMatmul::run(const GemmCall& call, cudaStream_t stream) {
   const Plan& plan = plan_for(call);
+  if (call.epilogue != GemmEpilogue::none) set_aux_pointer(plan, call.aux);
   check_cublas(cublasLtMatmul(handle_, plan.operation, &call.alpha, call.b, plan.first, call.a, plan.second, &call.beta,
-                              call.out, plan.output, call.out, plan.output, &plan.algorithm, workspace_,
+                              c_operand(call), plan.output, call.out, plan.output, &plan.algorithm, workspace_,
                               kWorkspaceBytes, stream),
                "cublasLtMatmul");
 }

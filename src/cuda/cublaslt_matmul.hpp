@@ -13,16 +13,27 @@
 
 namespace pope::cuda {
 
-// out[M, N] = alpha · op(a) · op(b) + beta · out, all row-major and contiguous:
-// a is [M, K] ([K, M] when transpose_a), b is [K, N] ([N, K] when transpose_b).
+// What cuBLASLt applies to the product before storing it (bf16 out only, aux bf16 [M, N]).
+enum class GemmEpilogue : int {
+  none,
+  gelu,           // aux = product, out = gelu(product)
+  gelu_backward,  // out = product · gelu'(aux)
+};
+
+// out[M, N] = epilogue(alpha · op(a) · op(b) + beta · c), all row-major and contiguous:
+// a is [M, K] ([K, M] when transpose_a), b is [K, N] ([N, K] when transpose_b), c is `addend`
+// when set, else out itself (beta ≠ 0 then accumulates).
 struct GemmCall {
   void* out = nullptr;
   bool out_is_f32 = false;  // else bf16
   const void* a = nullptr;  // bf16
   const void* b = nullptr;  // bf16
+  const void* addend = nullptr;  // [M, N] in out's dtype, read with beta; null: out
   std::int64_t m = 0, n = 0, k = 0;
   bool transpose_a = false, transpose_b = false;
   float alpha = 1.0f, beta = 0.0f;
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  void* aux = nullptr;  // the epilogue's pre-activation matrix (bf16 [M, N])
 };
 
 class CublasLtMatmul {
@@ -38,11 +49,14 @@ class CublasLtMatmul {
 
  private:
   // Everything that changes the descriptors or the algorithm cuBLASLt picks: shape,
-  // transposes, output dtype, whether C is read (beta ≠ 0) and the pointers' alignments.
-  using PlanKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, bool, int, int, int>;
+  // transposes, output dtype, whether C is read (beta ≠ 0), the epilogue and the pointers'
+  // alignments (a, b, out, c, aux).
+  using PlanKey =
+      std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, bool, int, int, int, int, int, int>;
   struct Plan;
 
   const Plan& plan_for(const GemmCall& call);
+  static void set_aux_pointer(const Plan& plan, void* aux);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

@@ -367,32 +367,46 @@ class CudaBackend final : public Backend {
 
   void matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, double alpha, double beta) override {
     constexpr std::string_view op = "matmul";
-    check_2d(op, "a", a, DType::bf16);
-    check_2d(op, "b", b, DType::bf16);
     require(out.dtype == DType::bf16 || out.dtype == DType::f32, op,
             fmt::format("out is {}, expected bf16 or f32", dtype_name(out.dtype)));
-    check_2d(op, "out", out, out.dtype);
-    const std::int64_t m = a.dim(transpose_a ? 1 : 0), k = a.dim(transpose_a ? 0 : 1);
-    const std::int64_t k_b = b.dim(transpose_b ? 1 : 0), n = b.dim(transpose_b ? 0 : 1);
-    require(k == k_b && out.dim(0) == m && out.dim(1) == n, op,
-            fmt::format("op(a) is [{}, {}] (a {}{}), op(b) is [{}, {}] (b {}{}), out {}; expected [M, K]·[K, N] = [M, N]",
-                        m, k, shape_string(a.shape), transpose_a ? "ᵀ" : "", k_b, n, shape_string(b.shape),
-                        transpose_b ? "ᵀ" : "", shape_string(out.shape)));
-    if (m == 0 || n == 0) return;
-    require(k > 0, op, fmt::format("the inner dimension K is 0 (a {}, b {}); the CUDA backend needs K > 0",
-                                   shape_string(a.shape), shape_string(b.shape)));
-    cuda::GemmCall call;
-    call.out = out.data;
-    call.out_is_f32 = out.dtype == DType::f32;
-    call.a = a.data;
-    call.b = b.data;
-    call.m = m;
-    call.n = n;
-    call.k = k;
-    call.transpose_a = transpose_a;
-    call.transpose_b = transpose_b;
+    cuda::GemmCall call = gemm_call(op, out, a, b, transpose_a, transpose_b);
+    if (call.m == 0 || call.n == 0) return;
     call.alpha = float(alpha);
     call.beta = float(beta);
+    matmul_->run(call, stream_);
+  }
+
+  void matmul_epilogue(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b, MatmulEpilogue epilogue,
+                       Tensor aux) override {
+    constexpr std::string_view op = "matmul_epilogue";
+    cuda::GemmCall call = gemm_call(op, out, a, b, transpose_a, transpose_b);
+    check_2d(op, "out", out, DType::bf16);
+    check_2d(op, "aux", aux, DType::bf16);
+    require(aux.dim(0) == out.dim(0) && aux.dim(1) == out.dim(1), op,
+            fmt::format("aux is {}, expected out's shape {}", shape_string(aux.shape), shape_string(out.shape)));
+    require(aux.data != out.data, op, "aux aliases out; expected separate matrices");
+    if (call.m == 0 || call.n == 0) return;
+    // cuBLASLt's GELU epilogues need an aux leading dimension divisible by 8 and a 16-byte
+    // aligned aux; other shapes (never the model's: 4·n_embd columns) take the unfused ops.
+    const bool aux_fusable = call.n % 8 == 0 && reinterpret_cast<std::uintptr_t>(aux.data) % 16 == 0;
+    if (epilogue != MatmulEpilogue::add && !aux_fusable) {
+      Backend::matmul_epilogue(out, a, b, transpose_a, transpose_b, epilogue, aux);
+      return;
+    }
+    switch (epilogue) {
+      case MatmulEpilogue::add:
+        call.addend = aux.data;
+        call.beta = 1.0f;
+        break;
+      case MatmulEpilogue::gelu:
+        call.epilogue = cuda::GemmEpilogue::gelu;
+        call.aux = aux.data;
+        break;
+      case MatmulEpilogue::gelu_backward:
+        call.epilogue = cuda::GemmEpilogue::gelu_backward;
+        call.aux = aux.data;
+        break;
+    }
     matmul_->run(call, stream_);
   }
 
@@ -594,6 +608,34 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   DeviceErrorRecord* device_error_ = nullptr;
   double* sum_result_ = nullptr;
+  // The product's operands and sizes, validated: op(a) [M, K] · op(b) [K, N] = out [M, N],
+  // bf16 operands. K > 0 unless the product is empty.
+  cuda::GemmCall gemm_call(std::string_view op, Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b) {
+    check_2d(op, "a", a, DType::bf16);
+    check_2d(op, "b", b, DType::bf16);
+    check_2d(op, "out", out, out.dtype);
+    const std::int64_t m = a.dim(transpose_a ? 1 : 0), k = a.dim(transpose_a ? 0 : 1);
+    const std::int64_t k_b = b.dim(transpose_b ? 1 : 0), n = b.dim(transpose_b ? 0 : 1);
+    require(k == k_b && out.dim(0) == m && out.dim(1) == n, op,
+            fmt::format("op(a) is [{}, {}] (a {}{}), op(b) is [{}, {}] (b {}{}), out {}; expected [M, K]·[K, N] = [M, N]",
+                        m, k, shape_string(a.shape), transpose_a ? "ᵀ" : "", k_b, n, shape_string(b.shape),
+                        transpose_b ? "ᵀ" : "", shape_string(out.shape)));
+    require(k > 0 || m == 0 || n == 0, op,
+            fmt::format("the inner dimension K is 0 (a {}, b {}); the CUDA backend needs K > 0", shape_string(a.shape),
+                        shape_string(b.shape)));
+    cuda::GemmCall call;
+    call.out = out.data;
+    call.out_is_f32 = out.dtype == DType::f32;
+    call.a = a.data;
+    call.b = b.data;
+    call.m = m;
+    call.n = n;
+    call.k = k;
+    call.transpose_a = transpose_a;
+    call.transpose_b = transpose_b;
+    return call;
+  }
+
   std::unique_ptr<cuda::CublasLtMatmul> matmul_;
   std::unique_ptr<cuda::AttentionRunner> attention_;
   cuda::DeviceScratch embedding_scratch_, rmsnorm_scratch_, sum_scratch_, adamw_chunk_table_, adamw_guard_scratch_;

@@ -332,6 +332,43 @@ TEST_F(CudaMatmul, EveryTransposeAtOddSizes) {
     }
 }
 
+class CudaMatmulEpilogue : public CudaMatmul {
+ protected:
+  // The fused epilogue on the GPU against the CPU's composition of matmul, add and GELU,
+  // out (and, for gelu, aux) NaN-poisoned so that every element must be written.
+  void expect_epilogue_matches(std::int64_t m, std::int64_t k, std::int64_t n, Backend::MatmulEpilogue epilogue) {
+    SCOPED_TRACE(::testing::Message() << "m " << m << " k " << k << " n " << n << " epilogue " << int(epilogue));
+    Pair a = pair({m, k}, DType::bf16, random_bf16_values(std::size_t(m * k), seed_++));
+    Pair b = pair({n, k}, DType::bf16, random_bf16_values(std::size_t(n * k), seed_++));
+    Pair aux = pair({m, n}, DType::bf16, random_bf16_values(std::size_t(m * n), seed_++));
+    Pair out = pair({m, n}, DType::bf16, random_bf16_values(std::size_t(m * n), seed_++));
+    poison(*gpu_, out.gpu.tensor);
+    if (epilogue == Backend::MatmulEpilogue::gelu) poison(*gpu_, aux.gpu.tensor);
+    gpu_->matmul_epilogue(out.gpu.tensor, a.gpu.tensor, b.gpu.tensor, false, true, epilogue, aux.gpu.tensor);
+    cpu_->matmul_epilogue(out.cpu.tensor, a.cpu.tensor, b.cpu.tensor, false, true, epilogue, aux.cpu.tensor);
+    EXPECT_LT(error_of(out), kBf16Tolerance);
+    EXPECT_LT(error_of(aux), kBf16Tolerance);
+  }
+};
+
+TEST_F(CudaMatmulEpilogue, AddGeluAndGeluBackwardAtGptShapesAndOddSizes) {
+  for (auto epilogue : {Backend::MatmulEpilogue::add, Backend::MatmulEpilogue::gelu,
+                        Backend::MatmulEpilogue::gelu_backward}) {
+    expect_epilogue_matches(256, 768, 3072, epilogue);  // fused in cuBLASLt
+    expect_epilogue_matches(37, 53, 71, epilogue);      // gelu ones fall back to separate ops
+  }
+}
+
+TEST_F(CudaMatmulEpilogue, RefusesAuxAliasingOut) {
+  OwnedTensor a = allocate_tensor(*gpu_, {8, 8}, DType::bf16);
+  OwnedTensor out = allocate_tensor(*gpu_, {8, 8}, DType::bf16);
+  expect_invalid_argument(
+      [&] {
+        gpu_->matmul_epilogue(out.tensor, a.tensor, a.tensor, false, true, Backend::MatmulEpilogue::add, out.tensor);
+      },
+      "aux aliases out");
+}
+
 TEST_F(CudaMatmul, GptLayerShapes) {
   const std::int64_t rows = 256, channels = 768;
   expect_matmul_matches(rows, channels, 3 * channels, false, true, DType::bf16, 1.0, 0.0, kBf16Tolerance);  // x·Wᵀ
