@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 4's GPU benchmark in one call on the GPU machine (planned for < 8 minutes on one H200; the
-# anchor's torch.compile takes most of it and is cut off after 300 s):
+# anchor's torch.compile takes most of it and is cut off after ANCHOR_TIMEOUT_S, default 430 s):
 #   1. pope-bench train, 124M (micro-batch 32) and 774M (micro-batch 16), RoPE and PoPE, T = 1024,
 #      random tokens, 3 warmup + 10 timed steps each (one step = one micro-batch, as the anchor);
 #   2. pope-bench train --profile once (124M PoPE): time per backend op;
@@ -66,6 +66,13 @@ for entry in "${CONFIGS[@]}"; do
   done
 done
 
+# 1b: activation recompute lets 774M take twice the micro-batch (peak memory in the JSON).
+log="$LOGS/pope_774m_rope_recompute"
+"$BENCH" train --config owt_774m --device "$DEVICE" --steps "$STEPS" --warmup "$WARMUP" \
+  --set model.position.kind=rope --set train.micro_batch_size=32 --set train.batch_size=32 --set train.seq_len=1024 \
+  --set train.activation_recompute=true "${SHRINK[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
+  { echo "pope-bench 774m recompute failed:"; tail -5 "$log.txt"; }
+
 # 3: the independent PyTorch model against a bf16 dump of each encoding.
 oracle_summary=()
 for pos in nope rope pope alibi; do
@@ -90,7 +97,7 @@ rm -f "$LOGS"/dump_*.safetensors  # 124M-wide dumps are large; the logs keep the
 # 4: the anchor (JSON lines), same GPU, same run.
 : >"$LOGS/anchor.jsonl"
 if [ "$DEVICE" = cuda ] && [ "${SKIP_ANCHOR:-0}" != 1 ]; then
-  timeout 300 "$PYTHON" scripts/reference/anchors/torch_gpt_anchor.py train train774 >"$LOGS/anchor.jsonl" \
+  timeout "${ANCHOR_TIMEOUT_S:-430}" "$PYTHON" scripts/reference/anchors/torch_gpt_anchor.py train train774 >"$LOGS/anchor.jsonl" \
     2>"$LOGS/anchor.err" || { echo "anchor failed or timed out:"; tail -5 "$LOGS/anchor.err"; }
 fi
 
@@ -127,4 +134,18 @@ for size, micro in (("124m", 32), ("774m", 16)):
         ratio = ours_rate / theirs_rate if ours_rate and theirs_rate else None
         print(f"| {size.upper()} {pos}, B = {micro}, T = 1024 | {cell(ours_rate, ',.0f')} | {cell(theirs_rate, ',.0f')} "
               f"| {cell(ratio, '.2f')} | {cell(ours.get('mfu_vs_790'), '.3f')} | {cell(theirs.get('mfu_vs_790'), '.3f')} |")
+path = os.path.join(logs, "pope_774m_rope_recompute.json")
+if os.path.exists(path):
+    r = json.load(open(path))
+    print(f"| 774M rope, B = 32, T = 1024, activation recompute | {cell(r.get('tokens_per_second'), ',.0f')} | | "
+          f"| {cell(r.get('mfu_vs_790'), '.3f')} | |")
+print()
+for name in sorted(os.listdir(logs)):
+    if name.startswith("pope_") and name.endswith(".json"):
+        r = json.load(open(os.path.join(logs, name)))
+        ms = lambda key: cell(1e3 * r[key], '.1f') if r.get(key) is not None else "n/a"
+        memory = r.get("device_memory_bytes")
+        print(f"{name[:-5]}: step {ms('median_step_seconds')} ms (forward {ms('forward_seconds')}, backward "
+              f"{ms('backward_seconds')}, optimizer {ms('optimizer_seconds')}), device memory "
+              f"{cell(memory / 2**30 if memory else None, '.1f')} GiB")
 PY

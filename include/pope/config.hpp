@@ -100,6 +100,7 @@ struct TrainConfig {
   int checkpoint_every = 1000;     // 0: only at the end
   int keep_checkpoints = 3;
   int max_nonfinite_steps = 5;     // consecutive skipped updates before aborting
+  bool activation_recompute = false;  // recompute RMSNorm and GELU outputs in the backward
   std::string device = "auto";     // auto | cpu | cuda
   int threads = 0;                 // CPU threads; 0: all cores
 };

@@ -65,6 +65,11 @@ class Model {
 
   void zero_gradients();
 
+  // Keep one shared buffer for every layer's RMSNorm and GELU outputs and recompute them in
+  // the backward (the same kernels on the same inputs: bitwise the same gradients). Frees
+  // the activations reserved so far.
+  void set_activation_recompute(bool recompute);
+
   // Forward (and with `backward`, backward) of B sequences of T tokens. tokens/targets are
   // host int32 [B·T]; targets < 0 are masked. Gradients ACCUMULATE, scaled so that the
   // gradient equals grad_scale · d(Σ token losses). token_losses, if given, receives the
@@ -108,6 +113,7 @@ class Model {
   std::size_t wte_ = 0, final_norm_ = 0;
   std::vector<LayerIndex> layers_;
   std::unique_ptr<Activations> acts_;
+  bool recompute_ = false;
   std::uint64_t activation_generation_ = 0;
 };
 

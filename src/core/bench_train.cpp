@@ -130,6 +130,7 @@ TrainBenchResult run_train_benchmark(const RunConfig& config, const TrainBenchOp
   Backend& backend = profiler ? static_cast<Backend&>(*profiler) : *device;
 
   Model model(config.model, backend);
+  model.set_activation_recompute(config.train.activation_recompute);
   model.initialize(config.train.seed);
   AdamW optimizer(model, config.optim);
   StepRunner runner(config, backend, model, optimizer, batches);

@@ -70,6 +70,7 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(train.checkpoint_every), at_least(0), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.keep_checkpoints), at_least(1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.max_nonfinite_steps), at_least(0)},
+      {POPE_CONFIG_KEY(train.activation_recompute)},
       {POPE_CONFIG_KEY(train.device), any(), {"auto", "cpu", "cuda"}, Hashed::no},
       {POPE_CONFIG_KEY(train.threads), at_least(0), {}, Hashed::no},
       {POPE_CONFIG_KEY(out_dir), any(), {}, Hashed::no},

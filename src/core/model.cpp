@@ -78,14 +78,22 @@ struct Model::Activations {
   OwnedTensor tokens, targets;                 // i32 [N]
   std::vector<OwnedTensor> residual;           // n_layer + 1 of [N, C]: input of each layer, final output
   std::vector<OwnedTensor> residual_mid;       // after attention, before the MLP
-  std::vector<OwnedTensor> norm1, norm2;       // RMSNorm outputs [N, C]
+  std::vector<OwnedTensor> norm1, norm2;       // RMSNorm outputs [N, C]; one shared when recomputed
   std::vector<OwnedTensor> rstd1, rstd2;       // [N]
   std::vector<OwnedTensor> qkv, attn, lse;     // [N, 3C], [N, C], [B, H, T]
-  std::vector<OwnedTensor> fc_pre, fc_act;     // [N, 4C]
+  std::vector<OwnedTensor> fc_pre, fc_act;     // [N, 4C]; fc_act one shared when recomputed
   OwnedTensor final_norm, final_rstd;          // [N, C], [N]
   OwnedTensor logits, losses;                  // [rows, Vp], [N]
   // Backward scratch.
   OwnedTensor d_residual, d_norm, d_attn, d_qkv, d_fc;
+
+  // Layer l's tensor of a per-layer list, or the one shared tensor of a recomputed list.
+  static Tensor of_layer(const std::vector<OwnedTensor>& list, int l) {
+    return list[list.size() == 1 ? 0 : std::size_t(l)].tensor;
+  }
+  Tensor norm1_of(int l) const { return of_layer(norm1, l); }
+  Tensor norm2_of(int l) const { return of_layer(norm2, l); }
+  Tensor fc_act_of(int l) const { return of_layer(fc_act, l); }
 };
 
 Model::Model(const ModelConfig& config, Backend& backend)
@@ -179,6 +187,12 @@ void Model::parameters_from_host(std::span<const float> values) {
 
 void Model::zero_gradients() { backend_.fill(grads_.tensor, 0.0); }
 
+void Model::set_activation_recompute(bool recompute) {
+  if (recompute == recompute_) return;
+  recompute_ = recompute;
+  acts_.reset();  // the next reserve() allocates the other arrangement
+}
+
 void Model::reserve(int B, int T) {
   if (acts_ && acts_->B == B && acts_->T == T) return;
   acts_.reset();  // free the old set before allocating the new one
@@ -191,17 +205,20 @@ void Model::reserve(int B, int T) {
   a->tokens = alloc({N}, DType::i32);
   a->targets = alloc({N}, DType::i32);
   for (int l = 0; l <= config_.n_layer; ++l) a->residual.push_back(alloc({N, C}, act));
+  const int stored_layers = recompute_ ? 1 : config_.n_layer;  // of the recomputed lists
   for (int l = 0; l < config_.n_layer; ++l) {
     a->residual_mid.push_back(alloc({N, C}, act));
-    a->norm1.push_back(alloc({N, C}, act));
-    a->norm2.push_back(alloc({N, C}, act));
+    if (l < stored_layers) {
+      a->norm1.push_back(alloc({N, C}, act));
+      a->norm2.push_back(alloc({N, C}, act));
+      a->fc_act.push_back(alloc({N, 4 * C}, act));
+    }
     a->rstd1.push_back(alloc({N}, stat));
     a->rstd2.push_back(alloc({N}, stat));
     a->qkv.push_back(alloc({N, 3 * C}, act));
     a->attn.push_back(alloc({N, C}, act));
     a->lse.push_back(alloc({B, H, T}, stat));
     a->fc_pre.push_back(alloc({N, 4 * C}, act));
-    a->fc_act.push_back(alloc({N, 4 * C}, act));
   }
   a->final_norm = alloc({N, C}, act);
   a->final_rstd = alloc({N}, stat);
@@ -280,19 +297,26 @@ void Model::forward_pass(Tensor tokens, int B, int T) {
     const LayerIndex& li = layers_[std::size_t(l)];
     std::vector<Tensor> pparams;
     for (auto idx : li.position) pparams.push_back(layout_.view(params_.tensor, idx));
-    be.rmsnorm_forward(a.norm1[l].tensor, a.rstd1[l].tensor, a.residual[l].tensor, weight(li.attn_norm),
+    be.rmsnorm_forward(a.norm1_of(l), a.rstd1[l].tensor, a.residual[l].tensor, weight(li.attn_norm),
                        config_.norm_eps);
-    be.matmul(a.qkv[l].tensor, a.norm1[l].tensor, weight(li.qkv), false, true);
+    be.matmul(a.qkv[l].tensor, a.norm1_of(l), weight(li.qkv), false, true);
     AttentionForward af{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor, pparams};
     be.attention_forward(af);
     // residual_mid = residual + attn · W_projᵀ, the residual added in the GEMM's epilogue
     be.matmul_epilogue(a.residual_mid[l].tensor, a.attn[l].tensor, weight(li.attn_proj), false, true,
                        Backend::MatmulEpilogue::add, a.residual[l].tensor);
-    be.rmsnorm_forward(a.norm2[l].tensor, a.rstd2[l].tensor, a.residual_mid[l].tensor, weight(li.mlp_norm),
+    be.rmsnorm_forward(a.norm2_of(l), a.rstd2[l].tensor, a.residual_mid[l].tensor, weight(li.mlp_norm),
                        config_.norm_eps);
-    be.matmul_epilogue(a.fc_act[l].tensor, a.norm2[l].tensor, weight(li.fc), false, true,
-                       Backend::MatmulEpilogue::gelu, a.fc_pre[l].tensor);
-    be.matmul_epilogue(a.residual[l + 1].tensor, a.fc_act[l].tensor, weight(li.mlp_proj), false, true,
+    if (recompute_) {
+      // GELU from the stored bf16 pre-activation, exactly as the backward will recompute it
+      // (the fused epilogue works from the f32 product, which is not kept).
+      be.matmul(a.fc_pre[l].tensor, a.norm2_of(l), weight(li.fc), false, true);
+      be.gelu_forward(a.fc_act_of(l), a.fc_pre[l].tensor);
+    } else {
+      be.matmul_epilogue(a.fc_act_of(l), a.norm2_of(l), weight(li.fc), false, true, Backend::MatmulEpilogue::gelu,
+                         a.fc_pre[l].tensor);
+    }
+    be.matmul_epilogue(a.residual[l + 1].tensor, a.fc_act_of(l), weight(li.mlp_proj), false, true,
                        Backend::MatmulEpilogue::add, a.residual_mid[l].tensor);
   }
   be.rmsnorm_forward(a.final_norm.tensor, a.final_rstd.tensor, a.residual[config_.n_layer].tensor,
@@ -331,12 +355,19 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
 
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const LayerIndex& li = layers_[std::size_t(l)];
+    if (recompute_) {  // this layer's norm outputs and GELU output, as the forward wrote them
+      be.rmsnorm_forward(a.norm1_of(l), a.rstd1[l].tensor, a.residual[l].tensor, weight(li.attn_norm),
+                         config_.norm_eps);
+      be.rmsnorm_forward(a.norm2_of(l), a.rstd2[l].tensor, a.residual_mid[l].tensor, weight(li.mlp_norm),
+                         config_.norm_eps);
+      be.gelu_forward(a.fc_act_of(l), a.fc_pre[l].tensor);
+    }
     // MLP branch: residual[l+1] = residual_mid + fc_act · W_projᵀ.
-    be.matmul(grad(li.mlp_proj), a.d_residual.tensor, a.fc_act[l].tensor, true, false, 1.0, 1.0);
+    be.matmul(grad(li.mlp_proj), a.d_residual.tensor, a.fc_act_of(l), true, false, 1.0, 1.0);
     be.matmul_epilogue(a.d_fc.tensor, a.d_residual.tensor, weight(li.mlp_proj), false, false,
                        Backend::MatmulEpilogue::gelu_backward, a.fc_pre[l].tensor);
     be.matmul(a.d_norm.tensor, a.d_fc.tensor, weight(li.fc), false, false);
-    be.matmul(grad(li.fc), a.d_fc.tensor, a.norm2[l].tensor, true, false, 1.0, 1.0);
+    be.matmul(grad(li.fc), a.d_fc.tensor, a.norm2_of(l), true, false, 1.0, 1.0);
     be.rmsnorm_backward(a.d_residual.tensor, grad(li.mlp_norm), a.d_norm.tensor, a.residual_mid[l].tensor,
                         weight(li.mlp_norm), a.rstd2[l].tensor);
 
@@ -352,7 +383,7 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
                          a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads};
     be.attention_backward(ab);
     be.matmul(a.d_norm.tensor, a.d_qkv.tensor, weight(li.qkv), false, false);
-    be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1[l].tensor, true, false, 1.0, 1.0);
+    be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1_of(l), true, false, 1.0, 1.0);
     be.rmsnorm_backward(a.d_residual.tensor, grad(li.attn_norm), a.d_norm.tensor, a.residual[l].tensor,
                         weight(li.attn_norm), a.rstd1[l].tensor);
   }

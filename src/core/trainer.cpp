@@ -80,6 +80,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
 
   if (!backend_) backend_ = make_backend(config_.train.device, "float", config_.train.threads);
   model_ = std::make_unique<Model>(config_.model, *backend_);
+  model_->set_activation_recompute(config_.train.activation_recompute);
   optimizer_ = std::make_unique<AdamW>(*model_, config_.optim);
   state_.config_hash = config_hash(config_);
   state_.rng = Rng(config_.train.seed).state();
