@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 5's attention benchmark in one call on the GPU machine: pope-bench attention (fused
-# kernels; nope, rope, pope, alibi at T = 1024, 4096, 10240, 16384, d = 64, H = 12, B·T = 16384)
+# kernels; nope, rope, pope, alibi at T = 1024, 4096, 10240, 16384, d = 64, H = 12, B = ⌊16384 / T⌋)
 # and, in the same run, cuDNN through PyTorch SDPA (scripts/reference/attention_sdpa_bench.py,
 # q/k 64 and 128 wide, v 64), then a side-by-side Markdown table of forward+backward ms last:
 # ours per encoding, cuDNN at our q/k width, and the ratios the targets are stated in.

@@ -12,7 +12,7 @@ namespace pope {
 struct AttentionBenchOptions {
   std::vector<std::string> encodings{"nope", "rope", "pope", "alibi"};
   std::vector<int> lengths{1024, 4096, 10240, 16384};
-  int tokens = 16384;  // B·T of every run: B = tokens / T
+  int tokens = 16384;  // B = ⌊tokens / T⌋ (T = 10240: B = 1)
   int n_head = 12;
   int head_dim = 64;
   int warmup = 5;
@@ -30,7 +30,7 @@ struct AttentionBenchRow {
   double total_tflops() const { return (forward_flops + backward_flops) / (total_ms * 1e-3) / 1e12; }
 };
 
-// Throws ConfigError for bad options (unknown encoding, T not dividing tokens, …) and
+// Throws ConfigError for bad options (unknown encoding, T outside 1..tokens, …) and
 // std::runtime_error without a CUDA device or in a build without CUDA.
 std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptions& options);
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """cuDNN causal attention through PyTorch SDPA, the comparator of `pope-bench attention`.
 
-Same shapes as pope-bench attention: H heads, B·T = --tokens, bf16, causal, q/k of width 64
+Same shapes as pope-bench attention: H heads, B = ⌊--tokens / T⌋, bf16, causal, q/k of width 64
 (RoPE/NoPE-style: the rotation is a separate elementwise pass, not timed) and 128 (PoPE's
 polar features), v of width --head-dim. The cuDNN backend is forced (an error if it cannot
 run). Prints one line per (width, T) with fwd / bwd / fwd+bwd median ms (CUDA events) and
@@ -70,9 +70,9 @@ def bench(width, head_dim, seq_len, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="1024,4096,10240,16384", help="comma-separated T, each dividing --tokens")
+    parser.add_argument("--lengths", default="1024,4096,10240,16384", help="comma-separated T, each ≤ --tokens")
     parser.add_argument("--widths", default="64,128", help="comma-separated q/k widths")
-    parser.add_argument("--tokens", type=int, default=16384, help="B·T of every run")
+    parser.add_argument("--tokens", type=int, default=16384, help="tokens per run: B = tokens // T")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64, help="width of v")
     parser.add_argument("--warmup", type=int, default=5)
@@ -85,8 +85,8 @@ def main():
     except ValueError:
         parser.error("--lengths and --widths take comma-separated integers")
     for seq_len in lengths:
-        if seq_len <= 0 or args.tokens % seq_len:
-            parser.error(f"sequence length {seq_len} must be > 0 and divide --tokens {args.tokens}")
+        if seq_len <= 0 or seq_len > args.tokens:
+            parser.error(f"sequence length {seq_len} must be in 1..--tokens ({args.tokens})")
     if not torch.cuda.is_available():
         print("attention_sdpa_bench: no CUDA device", file=sys.stderr)
         return 1

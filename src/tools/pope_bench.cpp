@@ -63,16 +63,16 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
   CLI::App* attention = app.add_subcommand(
       "attention",
       "Time the CUDA causal attention (q/k transform included) forward, backward and forward+backward per "
-      "encoding and sequence length at B·T = --tokens (median over --repeats calls, CUDA events, after --warmup "
+      "encoding and sequence length T at batch B = ⌊--tokens / T⌋ (median over --repeats calls, CUDA events, after --warmup "
       "calls) and print ms and TFLOP/s (causal FLOPs: forward 2·B·H·(T²/2)·(qk_width + head_dim), backward 2.5× "
       "forward). Needs a CUDA device.");
   attention->add_option("--encodings", cmd.options.encodings, "encodings to time: nope rope pope alibi")
       ->delimiter(',')
       ->default_str("nope,rope,pope,alibi");
-  attention->add_option("--lengths", cmd.options.lengths, "sequence lengths T; each must divide --tokens")
+  attention->add_option("--lengths", cmd.options.lengths, "sequence lengths T, each ≤ --tokens")
       ->delimiter(',')
       ->default_str("1024,4096,10240,16384");
-  attention->add_option("--tokens", cmd.options.tokens, "B·T of every run")->default_val(16384)->check(CLI::PositiveNumber);
+  attention->add_option("--tokens", cmd.options.tokens, "tokens per run: B = ⌊tokens / T⌋")->default_val(16384)->check(CLI::PositiveNumber);
   attention->add_option("--heads", cmd.options.n_head, "heads H")->default_val(12)->check(CLI::PositiveNumber);
   attention->add_option("--head-dim", cmd.options.head_dim, "head dimension d")->default_val(64)->check(CLI::PositiveNumber);
   attention->add_option("--warmup", cmd.options.warmup, "untimed forward+backward calls first")

@@ -41,12 +41,12 @@ using namespace pope;
 
 // Tolerances (performance.md): bf16 outputs ≲ 1e-2 relative. lse is f32 arithmetic on the same
 // inputs where q̃ = q (NoPE, ALiBi); RoPE and PoPE round q̃, k̃ to bf16 (as PyTorch does before
-// SDPA), which moves scores by ~2⁻⁹ relative. δ's gradient is an f32 sum over B·T signed terms
+// SDPA), which moves each score by up to ~2·2⁻⁹ relative (seen: 1.8e-3 at T = 1, one score per row). δ's gradient is an f32 sum over B·T signed terms
 // of dk̃, which the tensor cores form from bf16 operands (dS rounded to bf16 for dS·q̃), so
 // its error is the bf16 one, lifted somewhat by cancellation in the sum.
 constexpr double kBf16Tolerance = 1e-2;
 constexpr double kLseTolerance = 1e-5;
-constexpr double kRoundedLseTolerance = 1e-3;
+constexpr double kRoundedLseTolerance = 5e-3;
 constexpr double kParameterGradTolerance = 3e-2;
 
 // ---------------------------------------------------------------- device memory helpers
