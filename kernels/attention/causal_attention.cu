@@ -5,10 +5,10 @@
 //               and sums dk̃ and dv.
 // A warp's lanes score its row against the 32 chunk rows at once; the causal mask is the
 // lane test s ≤ t.
-#include <atomic>
 #include <type_traits>
 
 #include "attention/causal_attention.cuh"
+#include "attention/kernel_launch.cuh"
 #include "attention/row_tiles.cuh"
 
 namespace pope::kernels {
@@ -23,8 +23,8 @@ static_assert(kMaxAttentionWidth <= kWarpSize * kMaxPerLane, "register rows must
 // Pointers into one (batch, head) and its score function.
 struct Head {
   int b, h, bh;
-  const float* q;  // q̃ row t at t·qk_width
-  const float* k;
+  const __nv_bfloat16* q;  // q̃ row t at t·qk_width
+  const __nv_bfloat16* k;
   const __nv_bfloat16* v;   // v row s at s·row_stride
   std::int64_t row_stride;  // 3C
   std::int64_t channels;    // C
@@ -224,20 +224,10 @@ cudaError_t with_lanes_for(int width, Launch&& launch) {
   return cudaErrorInvalidValue;
 }
 
-// Launches `kKernel` with kThreads threads and `shared_bytes` of dynamic shared memory. Wide
-// heads need more than the default 48 KiB; the limit is raised only when a launch needs more
-// than before, so steady-state launches (and CUDA graph capture) make no extra API calls.
+// Launches one of the row kernels above (kThreads threads each).
 template <auto kKernel, class... Args>
 cudaError_t launch_rows(dim3 grid, std::size_t shared_bytes, cudaStream_t stream, Args... args) {
-  static std::atomic<std::size_t> shared_limit{0};
-  if (shared_bytes > shared_limit.load()) {
-    const cudaError_t status =
-        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
-    if (status != cudaSuccess) return status;
-    shared_limit.store(shared_bytes);
-  }
-  kKernel<<<grid, kThreads, shared_bytes, stream>>>(args...);
-  return cudaGetLastError();
+  return launch_with_shared<kKernel>(grid, kThreads, shared_bytes, stream, args...);
 }
 
 dim3 row_grid(const AttentionDims& dims) {
@@ -264,17 +254,20 @@ cudaError_t causal_attention_forward(const AttentionDims& dims, const EncodedAtt
   });
 }
 
-cudaError_t causal_attention_backward(const AttentionDims& dims, const EncodedAttention& in,
-                                      const AttentionGradients& grads, cudaStream_t stream) {
-  if (!supported(dims)) return cudaErrorInvalidValue;
-  const int w = dims.qk_width, d = dims.head_dim;
-
+cudaError_t attention_row_dot(const AttentionDims& dims, const AttentionGradients& grads, cudaStream_t stream) {
   constexpr int kRowDotThreads = 256;
   const std::int64_t rows = std::int64_t(dims.batch) * dims.n_head * dims.seq_len;
   const std::int64_t row_dot_blocks = (rows + kRowDotThreads - 1) / kRowDotThreads;
   row_dot_kernel<<<unsigned(row_dot_blocks < 65535 ? row_dot_blocks : 65535), kRowDotThreads, 0, stream>>>(
       dims, grads.out, grads.dout, grads.row_dot);
-  cudaError_t status = cudaGetLastError();
+  return cudaGetLastError();
+}
+
+cudaError_t causal_attention_backward(const AttentionDims& dims, const EncodedAttention& in,
+                                      const AttentionGradients& grads, cudaStream_t stream) {
+  if (!supported(dims) || grads.bias_grad != nullptr) return cudaErrorInvalidValue;
+  const int w = dims.qk_width, d = dims.head_dim;
+  const cudaError_t status = attention_row_dot(dims, grads, stream);
   if (status != cudaSuccess) return status;
 
   const std::size_t own_rows = std::size_t(kRowsPerBlock) * (w + d);

@@ -1,12 +1,10 @@
-// Causal attention over rows that the encoding has already transformed (q̃, k̃ in f32; see
-// qk_transform.cuh), forward and backward, flash-attention style: online softmax in f32,
-// the backward recomputes P from lse, memory O(B·H·T·qk_width), never a T×T matrix.
-// Deterministic: every output element is summed by one warp in a fixed order, no atomics.
-//
-// Not here yet: the diagonal sums Ĝ_h(Δ) = Σ_batch Σ_{t−s=Δ} dS_ts that a learnable score bias
-// (PJ-bias) needs. They fit the key-gradient kernel, which holds dS for 16 keys × 32 queries
-// per step: sum dS along lags into a per-(b·H + h, key block) partial row, then reduce the
-// partial rows in a fixed order, as pope_delta_gradient does for δ.
+// The simple causal attention kernels (CUDA cores, f32 arithmetic, one row per warp) over rows
+// that the encoding has already transformed (q̃, k̃ bf16; see qk_transform.cuh), forward and
+// backward, flash-attention style: online softmax in f32, the backward recomputes P from lse,
+// memory O(B·H·T·qk_width), never a T×T matrix. Deterministic: every output element is summed
+// by one warp in a fixed order, no atomics. They serve every width up to kMaxAttentionWidth;
+// the common widths take the tensor-core kernels of flash_attention.cuh instead (the runner
+// dispatches). The diagonal sums of a learnable bias are computed by the fused path only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,8 +20,8 @@ constexpr int kMaxAttentionSeqLen = 16 * 65535;  // grid y: one 16-row block per
 
 // What the score kernels read.
 struct EncodedAttention {
-  const float* q = nullptr;            // q̃ [B, H, T, qk_width]
-  const float* k = nullptr;            // k̃ [B, H, T, qk_width]
+  const __nv_bfloat16* q = nullptr;    // q̃ [B, H, T, qk_width]
+  const __nv_bfloat16* k = nullptr;    // k̃ [B, H, T, qk_width]
   const __nv_bfloat16* qkv = nullptr;  // v from its column block
   ScoreParams score;
 };
@@ -40,7 +38,14 @@ struct AttentionGradients {
   float* dq = nullptr;                  // written: dL/dq̃ [B, H, T, qk_width]
   float* dk = nullptr;                  // written: dL/dk̃
   __nv_bfloat16* dqkv = nullptr;        // v column block written with dL/dv
+  // Optional (fused path only): Ĝ_h(Δ) = Σ_b Σ_{t−s=Δ} dS_ts ACCUMULATED into f32 [H, T], the
+  // gradient of the bias table b_h(Δ); scratch of flash_bias_grad_partial_floats(dims) floats.
+  float* bias_grad = nullptr;
+  float* bias_grad_partials = nullptr;
 };
+
+// D_t = <dout_t, out_t> into grads.row_dot (the first step of either backward).
+cudaError_t attention_row_dot(const AttentionDims& dims, const AttentionGradients& grads, cudaStream_t stream);
 
 // With dS_ts = P_ts (<dout_t, v_s> − D_t): dq̃_t = scale Σ_s dS_ts k̃_s, dk̃_s = scale Σ_t dS_ts q̃_t,
 // dv_s = Σ_t P_ts dout_t.

@@ -46,36 +46,39 @@ __device__ float delta_of(const QkTransformParams& transform, bool is_key, int h
 
 // blockIdx.y selects queries (0) or keys (1).
 __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
-                                 float* q_encoded, float* k_encoded) {
+                                 __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded) {
   const bool is_key = blockIdx.y == 1;
-  float* encoded = is_key ? k_encoded : q_encoded;
+  __nv_bfloat16* encoded = is_key ? k_encoded : q_encoded;
   const int d = dims.head_dim, pairs = transform.rotary_pairs;
   const std::int64_t total = std::int64_t(dims.batch) * dims.seq_len * dims.n_head * d;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
     const ChannelSite site = site_of(i, dims, transform.position_offset, is_key);
     const __nv_bfloat16* x = qkv + site.qkv;
-    float* y = encoded + site.encoded;
+    __nv_bfloat16* y = encoded + site.encoded;
     const int c = site.c;
     switch (transform.kind) {
       case QkTransformKind::identity:
-        y[c] = __bfloat162float(x[c]);
+        y[c] = x[c];
         break;
       case QkTransformKind::rope:
         // Thread c < pairs writes the pair (c, c + pairs); channels past 2·pairs pass through.
         if (c < pairs) {
           const PhaseRotation r = rotation_by(site.position * transform.frequencies[c]);
-          rotate_pair(__bfloat162float(x[c]), __bfloat162float(x[c + pairs]), r, y[c], y[c + pairs]);
+          float a, b;
+          rotate_pair(__bfloat162float(x[c]), __bfloat162float(x[c + pairs]), r, a, b);
+          y[c] = __float2bfloat16(a);
+          y[c + pairs] = __float2bfloat16(b);
         } else if (c >= 2 * pairs) {
-          y[c] = __bfloat162float(x[c]);
+          y[c] = x[c];
         }
         break;
       case QkTransformKind::pope: {
         const PhaseRotation r = pope_phase(site.position, transform.frequencies[c], delta_applies(transform, is_key),
                                            delta_of(transform, is_key, site.h, d, c));
         const float mu = pope_magnitude(transform.magnitude, __bfloat162float(x[c]));
-        y[c] = mu * r.cos;
-        y[d + c] = mu * r.sin;
+        y[c] = __float2bfloat16(mu * r.cos);
+        y[d + c] = __float2bfloat16(mu * r.sin);
         break;
       }
     }
@@ -170,7 +173,7 @@ std::int64_t channel_count(const AttentionDims& dims) {
 }  // namespace
 
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
-                      float* q_encoded, float* k_encoded, cudaStream_t stream) {
+                      __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream) {
   const std::int64_t count = channel_count(dims);
   if (count == 0) return cudaSuccess;
   encode_qk_kernel<<<dim3(grid_for(count), 2), kThreads, 0, stream>>>(dims, transform, qkv, q_encoded, k_encoded);

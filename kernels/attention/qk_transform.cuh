@@ -1,5 +1,6 @@
 // The encoding's q/k transform over a whole attention call, and its backward: q, k columns
-// of qkv (bf16) → encoded rows q̃, k̃ (f32 [B, H, T, qk_width]), and back.
+// of qkv (bf16) → encoded rows q̃, k̃ (bf16 [B, H, T, qk_width], the math in f32 and rounded
+// once at the end, where PyTorch rounds its rotated q/k too), and back from f32 gradients.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,7 +12,7 @@ namespace pope::kernels {
 
 // q̃, k̃ of every (batch, head, position); one thread per input channel.
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
-                      float* q_encoded, float* k_encoded, cudaStream_t stream);
+                      __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream);
 
 // Backward of encode_qk: OVERWRITES the q and k column blocks of dqkv with dL/dq, dL/dk
 // from the gradients of q̃ and k̃ (the v block is left alone).

@@ -1,9 +1,12 @@
 // Host side of causal attention on the GPU: validates the call, identifies the encoding,
 // keeps its small tables (frequencies, bias) on the device, and runs the kernels of
 // kernels/attention/ over scratch that grows once per larger shape:
-//   forward:  encode q̃, k̃ (f32) → causal attention → out (bf16), lse (f32)
+//   forward:  encode q̃, k̃ (bf16) → causal attention → out (bf16), lse (f32)
 //   backward: encode q̃, k̃ again → dq̃, dk̃ (f32) and dv → transform backward → dqkv (bf16),
 //             plus the encoding's parameter gradients (PoPE's δ), accumulated in f32.
+// The attention itself runs on the fused tensor-core kernels (flash_attention.cuh) where they
+// handle the widths, else on the simple kernels (causal_attention.cuh); `use_flash` is the one
+// place that chooses.
 // Tables are uploaded only when their values change, so steady-state steps of one shape
 // neither allocate nor copy from the host (a requirement for CUDA graph capture). A captured
 // graph holds the scratch and table pointers: calls of another shape or encoding on the
@@ -13,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "attention/causal_attention.cuh"
+#include "attention/flash_attention.cuh"
 #include "attention/qk_transform.cuh"
 #include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
@@ -122,10 +127,16 @@ kernels::PopeMagnitudeKind device_magnitude(PopeMagnitude magnitude) {
   throw std::logic_error("cuda attention: unhandled PoPE magnitude");
 }
 
+// The single dispatch point between the fused and the simple attention kernels.
+bool use_flash(const AttentionDims& dims, const kernels::EncodedAttention& in, const void* dout = nullptr) {
+  const bool dout_aligned = dout == nullptr || reinterpret_cast<std::uintptr_t>(dout) % 16 == 0;
+  return dout_aligned && kernels::flash_attention_supports(dims, in);
+}
+
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot;
+  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias;
 
@@ -183,8 +194,8 @@ struct AttentionRunner::Scratch {
     const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
     kernels::EncodedAttention in;
     in.qkv = static_cast<const __nv_bfloat16*>(qkv.data);
-    float* q_encoded = reserve_elements<float>(q, encoded);
-    float* k_encoded = reserve_elements<float>(k, encoded);
+    auto* q_encoded = reserve_elements<__nv_bfloat16>(q, encoded);
+    auto* k_encoded = reserve_elements<__nv_bfloat16>(k, encoded);
     POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, in.qkv, q_encoded, k_encoded, stream));
     in.q = q_encoded;
     in.k = k_encoded;
@@ -204,11 +215,16 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, stream);
   const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
-  POPE_CUDA_CHECK(kernels::causal_attention_forward(dims, in, static_cast<__nv_bfloat16*>(args.out.data),
-                                                    static_cast<float*>(args.lse.data), stream));
+  auto* out = static_cast<__nv_bfloat16*>(args.out.data);
+  auto* lse = static_cast<float*>(args.lse.data);
+  if (use_flash(dims, in)) {
+    POPE_CUDA_CHECK(kernels::flash_attention_forward(dims, in, out, lse, stream));
+  } else {
+    POPE_CUDA_CHECK(kernels::causal_attention_forward(dims, in, out, lse, stream));
+  }
 }
 
-void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t stream) {
+void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t stream, float* bias_table_grad) {
   constexpr std::string_view op = "attention_backward";
   const AttentionDims dims = check_call(op, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse);
   const std::int64_t rows = std::int64_t(dims.batch) * dims.seq_len;
@@ -231,7 +247,23 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   gradients.dq = reserve_elements<float>(scratch_->dq, encoded);
   gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
   gradients.dqkv = static_cast<__nv_bfloat16*>(args.dqkv.data);
-  POPE_CUDA_CHECK(kernels::causal_attention_backward(dims, in, gradients, stream));
+  const bool flash = use_flash(dims, in, gradients.dout);
+  if (bias_table_grad != nullptr) {
+    require(in.score.bias != nullptr, op,
+            fmt::format("a bias-table gradient was asked for, but encoding '{}' has no score bias", encoding.kind()));
+    require(flash, op,
+            fmt::format("the bias-table gradient needs the fused kernels (q/k width 64 or 128, head_dim 64 or 128 ≤ "
+                        "width); this call has width {}, head_dim {}",
+                        dims.qk_width, dims.head_dim));
+    gradients.bias_grad = bias_table_grad;
+    gradients.bias_grad_partials =
+        reserve_elements<float>(scratch_->bias_grad_partials, kernels::flash_bias_grad_partial_floats(dims));
+  }
+  if (flash) {
+    POPE_CUDA_CHECK(kernels::flash_attention_backward(dims, in, gradients, stream));
+  } else {
+    POPE_CUDA_CHECK(kernels::causal_attention_backward(dims, in, gradients, stream));
+  }
   POPE_CUDA_CHECK(
       kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv, stream));
   if (transform.kind == QkTransformKind::pope && transform.delta != nullptr) {

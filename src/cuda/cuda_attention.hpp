@@ -2,7 +2,8 @@
 // calls; device code lives in kernels/attention/.
 //
 // Dtypes (BackendDTypes of the CUDA backend): qkv, out, dout, dqkv are bf16 [N, 3C] / [N, C];
-// lse is f32 [B, H, T]; position parameters and their gradients are f32 (master weights).
+// lse is f32 [B, H, T]; position parameters and their gradients are f32 (master weights);
+// the encoded q̃, k̃ in scratch are bf16, their gradients f32.
 // All encoding math (rotations, PoPE magnitudes and phases, bias tables) is done in fp32.
 #pragma once
 
@@ -24,7 +25,10 @@ class AttentionRunner {
   // Scratch memory grows on first use of a larger shape and is then reused, so repeated
   // steps of one shape allocate nothing.
   void forward(const AttentionForward& args, cudaStream_t stream);
-  void backward(const AttentionBackward& args, cudaStream_t stream);
+  // bias_table_grad (optional, f32 [n_head, seq_len] on the device): ACCUMULATES the gradient
+  // of the call's score-bias table b_h(Δ), Ĝ_h(Δ) = Σ_b Σ_{t−s=Δ} dS_ts, for an encoding whose
+  // bias comes from learnable parameters (PJ-bias: its device-built table). Fused path only.
+  void backward(const AttentionBackward& args, cudaStream_t stream, float* bias_table_grad = nullptr);
 
  private:
   struct Scratch;

@@ -1,15 +1,17 @@
 // pope-bench: benchmarks. `train` times whole optimizer steps of a config's model and can dump
-// one forward/backward for the PyTorch oracle (scripts/reference/torch_gpt.py).
+// one forward/backward for the PyTorch oracle (scripts/reference/torch_gpt.py); `attention`
+// times the CUDA attention per encoding and sequence length.
 // Exit codes: 0 done, 1 runtime/data error, 2 usage or config error.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "pope/attention_bench.hpp"
 #include "pope/bench.hpp"
+#include "pope/checkpoint.hpp"
 #include "pope/config.hpp"
 
 namespace {
@@ -52,10 +54,46 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
                     "tokens, targets, loss, grad.<name>) for scripts/reference/torch_gpt.py");
 }
 
+struct AttentionCommand {
+  std::string json_path;
+  pope::AttentionBenchOptions options;
+};
+
+void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
+  CLI::App* attention = app.add_subcommand(
+      "attention",
+      "Time the CUDA causal attention (q/k transform included) forward, backward and forward+backward per "
+      "encoding and sequence length T at batch B = ⌊--tokens / T⌋ (median over --repeats calls, CUDA events, after --warmup "
+      "calls) and print ms and TFLOP/s (causal FLOPs: forward 2·B·H·(T²/2)·(qk_width + head_dim), backward 2.5× "
+      "forward). Needs a CUDA device.");
+  attention->add_option("--encodings", cmd.options.encodings, "encodings to time: nope rope pope alibi")
+      ->delimiter(',')
+      ->default_str("nope,rope,pope,alibi");
+  attention->add_option("--lengths", cmd.options.lengths, "sequence lengths T, each ≤ --tokens")
+      ->delimiter(',')
+      ->default_str("1024,4096,10240,16384");
+  attention->add_option("--tokens", cmd.options.tokens, "tokens per run: B = ⌊tokens / T⌋")->default_val(16384)->check(CLI::PositiveNumber);
+  attention->add_option("--heads", cmd.options.n_head, "heads H")->default_val(12)->check(CLI::PositiveNumber);
+  attention->add_option("--head-dim", cmd.options.head_dim, "head dimension d")->default_val(64)->check(CLI::PositiveNumber);
+  attention->add_option("--warmup", cmd.options.warmup, "untimed forward+backward calls first")
+      ->default_val(5)
+      ->check(CLI::NonNegativeNumber);
+  attention->add_option("--repeats", cmd.options.repeats, "timed calls per phase (median reported)")
+      ->default_val(30)
+      ->check(CLI::PositiveNumber);
+  attention->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file");
+}
+
+// Written atomically (temporary file, fsync, rename), so a reader never sees half a file.
 void write_json(const std::string& path, const nlohmann::json& numbers) {
-  std::ofstream out(path);
-  out << numbers.dump() << "\n";
-  if (!out.flush()) throw std::runtime_error("cannot write the JSON numbers to " + path);
+  pope::write_file_atomic(path, numbers.dump() + "\n");
+}
+
+int run_attention(const AttentionCommand& cmd) {
+  const std::vector<pope::AttentionBenchRow> rows = pope::run_attention_benchmark(cmd.options);
+  std::cout << pope::format_attention_bench(rows);
+  if (!cmd.json_path.empty()) write_json(cmd.json_path, pope::attention_bench_to_json(rows));
+  return 0;
 }
 
 int run_train(const TrainCommand& cmd) {
@@ -82,6 +120,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   TrainCommand train;
   add_train_command(app, train);
+  AttentionCommand attention;
+  add_attention_command(app, attention);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -90,6 +130,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (app.got_subcommand("attention")) return run_attention(attention);
     return run_train(train);
   } catch (const pope::ConfigError& e) {
     spdlog::error("config error: {}", e.what());

@@ -1,0 +1,40 @@
+// pope-bench attention: forward, backward and forward+backward time of the CUDA causal
+// attention (the encoding's q/k transform included) per positional encoding and sequence
+// length at a fixed number of tokens B·T, and the TFLOP/s that time implies.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+namespace pope {
+
+struct AttentionBenchOptions {
+  std::vector<std::string> encodings{"nope", "rope", "pope", "alibi"};
+  std::vector<int> lengths{1024, 4096, 10240, 16384};
+  int tokens = 16384;  // B = ⌊tokens / T⌋ (T = 10240: B = 1)
+  int n_head = 12;
+  int head_dim = 64;
+  int warmup = 5;
+  int repeats = 30;
+};
+
+struct AttentionBenchRow {
+  std::string encoding;
+  int batch = 0, seq_len = 0, n_head = 0, head_dim = 0, qk_width = 0;
+  double forward_ms = 0.0, backward_ms = 0.0, total_ms = 0.0;  // medians
+  double forward_flops = 0.0;  // causal: (QKᵀ + PV) = 2·B·H·(T²/2)·(qk_width + head_dim)
+  double backward_flops = 0.0;  // 2.5 × forward (five products instead of two)
+  double forward_tflops() const { return forward_flops / (forward_ms * 1e-3) / 1e12; }
+  double backward_tflops() const { return backward_flops / (backward_ms * 1e-3) / 1e12; }
+  double total_tflops() const { return (forward_flops + backward_flops) / (total_ms * 1e-3) / 1e12; }
+};
+
+// Throws ConfigError for bad options (unknown encoding, T outside 1..tokens, …) and
+// std::runtime_error without a CUDA device or in a build without CUDA.
+std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptions& options);
+
+std::string format_attention_bench(const std::vector<AttentionBenchRow>& rows);
+nlohmann::json attention_bench_to_json(const std::vector<AttentionBenchRow>& rows);
+
+}  // namespace pope

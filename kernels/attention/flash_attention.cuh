@@ -1,0 +1,41 @@
+// Fused causal attention on tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulation;
+// sm_80 and later): flash attention over rows that the encoding has already transformed (q̃, k̃
+// bf16 [B, H, T, qk_width], see qk_transform.cuh), with the encoding's Toeplitz score bias
+// b_h(t − s) read per tile. Online softmax in f32 (exp2 with the scale folded in), causal with
+// fully masked tiles skipped, no T×T tensor anywhere; the backward recomputes P from the saved
+// lse and is deterministic (no atomics: every output element is summed by one thread in a
+// fixed order).
+//
+// Shapes: qk_width W ∈ {64, 128} and head_dim d ∈ {64, 128} with d ≤ W (RoPE/NoPE/ALiBi at
+// d = 64 or 128, PoPE at d = 64); any B·H, any T (not only tile multiples). Other shapes use the
+// simple kernels of causal_attention.cuh; flash_attention_supports says which path applies.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "attention/attention_params.cuh"
+#include "attention/causal_attention.cuh"
+
+namespace pope::kernels {
+
+// True when the fused kernels handle these sizes and the tensors are 16-byte aligned.
+bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in);
+
+// As causal_attention_forward: out bf16 [B·T, C] at head h, lse f32 [B, H, T].
+cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAttention& in, __nv_bfloat16* out,
+                                    float* lse, cudaStream_t stream);
+
+// f32 scratch the bias gradient needs (grads.bias_grad_partials): one row of T lags per
+// (b·H + h, 64-key block).
+std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims);
+
+// As causal_attention_backward (row_dot, dq̃, dk̃ f32, dv into dqkv), and when grads.bias_grad is
+// set (in.score.bias must be too): Ĝ_h(Δ) += Σ_b Σ_{t−s=Δ} dS_ts into grads.bias_grad [H, T],
+// using grads.bias_grad_partials as scratch.
+cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAttention& in,
+                                     const AttentionGradients& grads, cudaStream_t stream);
+
+}  // namespace pope::kernels

@@ -1,0 +1,244 @@
+// run_attention_benchmark: one AttentionRunner per (encoding, T) on random bf16 inputs (fixed
+// seed); warm-up calls, then every timed call between its own pair of CUDA events, all queued
+// back to back, and the median per phase. "forward" is AttentionRunner::forward (q/k transform
+// + attention), "backward" AttentionRunner::backward (transform again, row dots, the gradient
+// kernels, transform backward, PoPE's δ gradient), "forward+backward" the two in a row.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+
+#include "pope/attention_bench.hpp"
+#include "pope/backend.hpp"
+#include "pope/config.hpp"
+#include "pope/position.hpp"
+#ifdef POPE_HAVE_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_attention.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_device.hpp"
+#endif
+
+namespace pope {
+
+namespace {
+
+void check_options(const AttentionBenchOptions& options) {
+  const std::vector<std::string> known{"nope", "rope", "pope", "alibi"};
+  for (const std::string& e : options.encodings)
+    if (std::find(known.begin(), known.end(), e) == known.end())
+      throw ConfigError("--encodings", fmt::format("unknown encoding '{}', expected nope, rope, pope or alibi", e));
+  if (options.encodings.empty()) throw ConfigError("--encodings", "expected at least one encoding");
+  if (options.lengths.empty()) throw ConfigError("--lengths", "expected at least one sequence length");
+  for (int T : options.lengths)
+    if (T <= 0 || T > options.tokens)
+      throw ConfigError("--lengths", fmt::format("sequence length {} must be in 1..--tokens ({})", T, options.tokens));
+  if (options.n_head <= 0 || options.head_dim <= 0 || options.head_dim % 2 != 0)
+    throw ConfigError("--heads/--head-dim",
+                      fmt::format("expected heads > 0 and an even head_dim > 0, got {} and {}", options.n_head,
+                                  options.head_dim));
+  if (options.repeats <= 0 || options.warmup < 0)
+    throw ConfigError("--repeats/--warmup", "expected repeats > 0 and warmup ≥ 0");
+}
+
+#ifdef POPE_HAVE_CUDA
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t bytes) { POPE_CUDA_CHECK(cudaMalloc(&data_, bytes)); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(data_); }
+  Tensor tensor(DType dtype, Shape shape) const { return Tensor{data_, dtype, DeviceKind::cuda, std::move(shape)}; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+void upload_random_bf16(const Tensor& t, float low, float high, std::mt19937& engine) {
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<__nv_bfloat16> host(static_cast<std::size_t>(t.numel()));
+  for (auto& x : host) x = __float2bfloat16(uniform(engine));
+  POPE_CUDA_CHECK(cudaMemcpy(t.data, host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+}
+
+// Event pairs around queued calls; medians in milliseconds once the stream has drained.
+class EventTimer {
+ public:
+  explicit EventTimer(int count) : starts_(count), stops_(count) {
+    for (int i = 0; i < count; ++i) {
+      POPE_CUDA_CHECK(cudaEventCreate(&starts_[i]));
+      POPE_CUDA_CHECK(cudaEventCreate(&stops_[i]));
+    }
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  ~EventTimer() {
+    for (std::size_t i = 0; i < starts_.size(); ++i) {
+      cudaEventDestroy(starts_[i]);
+      cudaEventDestroy(stops_[i]);
+    }
+  }
+  template <class Call>
+  double median_ms(Call&& call) {
+    for (std::size_t i = 0; i < starts_.size(); ++i) {
+      POPE_CUDA_CHECK(cudaEventRecord(starts_[i], nullptr));
+      call();
+      POPE_CUDA_CHECK(cudaEventRecord(stops_[i], nullptr));
+    }
+    POPE_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> ms(starts_.size());
+    for (std::size_t i = 0; i < starts_.size(); ++i) {
+      float elapsed = 0.0f;
+      POPE_CUDA_CHECK(cudaEventElapsedTime(&elapsed, starts_[i], stops_[i]));
+      ms[i] = elapsed;
+    }
+    return median(ms);
+  }
+
+ private:
+  std::vector<cudaEvent_t> starts_, stops_;
+};
+
+AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::string& kind, int T,
+                            const Tensor& qkv, const Tensor& dout, const Tensor& out, const Tensor& dqkv) {
+  ModelConfig model;
+  model.n_head = options.n_head;
+  model.n_embd = options.n_head * options.head_dim;
+  model.context_length = T;
+  model.position.kind = kind;
+  const std::unique_ptr<PositionEncoding> encoding = make_position_encoding(model);
+  const int B = options.tokens / T, H = options.n_head, d = options.head_dim;  // ⌊tokens / T⌋ ≥ 1
+
+  AttentionBenchRow row;
+  row.encoding = kind;
+  row.batch = B;
+  row.seq_len = T;
+  row.n_head = H;
+  row.head_dim = d;
+  row.qk_width = encoding->transforms_qk() ? encoding->qk_width(d) : d;
+  row.forward_flops = 2.0 * B * H * (double(T) * T / 2.0) * (row.qk_width + d);
+  row.backward_flops = 2.5 * row.forward_flops;
+
+  DeviceArray lse(std::size_t(B) * H * T * sizeof(float));
+  std::vector<std::unique_ptr<DeviceArray>> storage;
+  std::vector<Tensor> params, grads;
+  std::mt19937 engine(7);
+  for (const ParamSpec& spec : encoding->layer_parameters(H, d)) {
+    const std::size_t numel = std::size_t(shape_numel(spec.shape));
+    std::vector<float> values(numel);
+    std::uniform_real_distribution<float> uniform(-6.0f, 0.0f);  // PoPE's δ range [−2π, 0]
+    for (float& v : values) v = uniform(engine);
+    storage.push_back(std::make_unique<DeviceArray>(numel * sizeof(float)));
+    params.push_back(storage.back()->tensor(DType::f32, {std::int64_t(numel)}));
+    POPE_CUDA_CHECK(cudaMemcpy(params.back().data, values.data(), numel * sizeof(float), cudaMemcpyHostToDevice));
+    storage.push_back(std::make_unique<DeviceArray>(numel * sizeof(float)));
+    grads.push_back(storage.back()->tensor(DType::f32, {std::int64_t(numel)}));
+    POPE_CUDA_CHECK(cudaMemset(grads.back().data, 0, numel * sizeof(float)));
+  }
+
+  const std::int64_t rows = std::int64_t(B) * T, C = std::int64_t(H) * d;  // the first rows of the shared buffers
+  AttentionForward forward;
+  forward.shape = {B, T, H, d};
+  forward.encoding = encoding.get();
+  forward.position = PositionContext{T, T, H, d, 0};
+  forward.qkv = Tensor{qkv.data, DType::bf16, DeviceKind::cuda, {rows, 3 * C}};
+  forward.out = Tensor{out.data, DType::bf16, DeviceKind::cuda, {rows, C}};
+  forward.lse = lse.tensor(DType::f32, {B, H, T});
+  forward.position_params = params;
+  AttentionBackward backward;
+  backward.shape = forward.shape;
+  backward.encoding = encoding.get();
+  backward.position = forward.position;
+  backward.qkv = forward.qkv;
+  backward.out = forward.out;
+  backward.lse = forward.lse;
+  backward.dout = Tensor{dout.data, DType::bf16, DeviceKind::cuda, {rows, C}};
+  backward.dqkv = Tensor{dqkv.data, DType::bf16, DeviceKind::cuda, {rows, 3 * C}};
+  backward.position_params = params;
+  backward.position_grads = grads;
+
+  cuda::AttentionRunner runner;
+  for (int i = 0; i < options.warmup; ++i) {
+    runner.forward(forward, nullptr);
+    runner.backward(backward, nullptr);
+  }
+  EventTimer timer(options.repeats);
+  row.forward_ms = timer.median_ms([&] { runner.forward(forward, nullptr); });
+  row.backward_ms = timer.median_ms([&] { runner.backward(backward, nullptr); });
+  row.total_ms = timer.median_ms([&] {
+    runner.forward(forward, nullptr);
+    runner.backward(backward, nullptr);
+  });
+  return row;
+}
+
+#endif
+
+}  // namespace
+
+std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptions& options) {
+  check_options(options);
+#ifdef POPE_HAVE_CUDA
+  if (cuda_device_count() == 0) throw std::runtime_error("pope-bench attention: no CUDA device found");
+  const std::int64_t rows = options.tokens, C = std::int64_t(options.n_head) * options.head_dim;
+  DeviceArray qkv(std::size_t(rows * 3 * C) * 2), dout(std::size_t(rows * C) * 2), out(std::size_t(rows * C) * 2),
+      dqkv(std::size_t(rows * 3 * C) * 2);
+  const Tensor qkv_t = qkv.tensor(DType::bf16, {rows, 3 * C}), dout_t = dout.tensor(DType::bf16, {rows, C});
+  std::mt19937 engine(1337);
+  upload_random_bf16(qkv_t, -1.5f, 1.5f, engine);
+  upload_random_bf16(dout_t, -1.0f, 1.0f, engine);
+  std::vector<AttentionBenchRow> rows_out;
+  for (const std::string& kind : options.encodings)
+    for (int T : options.lengths)
+      rows_out.push_back(bench_one(options, kind, T, qkv_t, dout_t, out.tensor(DType::bf16, {rows, C}),
+                                   dqkv.tensor(DType::bf16, {rows, 3 * C})));
+  return rows_out;
+#else
+  throw std::runtime_error("pope-bench attention needs a build with CUDA (POPE_ENABLE_CUDA=ON)");
+#endif
+}
+
+std::string format_attention_bench(const std::vector<AttentionBenchRow>& rows) {
+  std::string text = fmt::format("{:<8} {:>6} {:>3} {:>4} {:>4} {:>4} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7}\n",
+                                 "encoding", "T", "B", "H", "d", "W", "fwd ms", "bwd ms", "f+b ms", "fwd TF", "bwd TF",
+                                 "f+b TF");
+  for (const AttentionBenchRow& r : rows)
+    text += fmt::format("{:<8} {:>6} {:>3} {:>4} {:>4} {:>4} | {:>9.3f} {:>9.3f} {:>9.3f} | {:>7.1f} {:>7.1f} {:>7.1f}\n",
+                        r.encoding, r.seq_len, r.batch, r.n_head, r.head_dim, r.qk_width, r.forward_ms, r.backward_ms,
+                        r.total_ms, r.forward_tflops(), r.backward_tflops(), r.total_tflops());
+  text +=
+      "TFLOP/s from causal FLOPs: forward 2·B·H·(T²/2)·(W + d) (QKᵀ over W, PV over d), backward 2.5× forward; "
+      "times include the q/k transform.\n";
+  return text;
+}
+
+nlohmann::json attention_bench_to_json(const std::vector<AttentionBenchRow>& rows) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const AttentionBenchRow& r : rows)
+    list.push_back({{"encoding", r.encoding},
+                    {"batch", r.batch},
+                    {"seq_len", r.seq_len},
+                    {"n_head", r.n_head},
+                    {"head_dim", r.head_dim},
+                    {"qk_width", r.qk_width},
+                    {"forward_ms", r.forward_ms},
+                    {"backward_ms", r.backward_ms},
+                    {"forward_backward_ms", r.total_ms},
+                    {"forward_tflops", r.forward_tflops()},
+                    {"backward_tflops", r.backward_tflops()},
+                    {"forward_backward_tflops", r.total_tflops()}});
+  return {{"benchmark", "attention"}, {"rows", list}};
+}
+
+}  // namespace pope
