@@ -137,7 +137,7 @@ TEST(EvalLengths, SweepEqualsWindowByWindowForwardsPastTheTrainingLength) {
 TEST(EvalLengths, ReproducesTheTrainersValidationLoss) {
   const auto dir = pope::testing::fresh_dir("eval_val");
   RunConfig config = pope::testing::tiny_run_config(dir / "data");
-  Trainer trainer(config, TrainerOptions{dir / "run", "", true, 0});
+  Trainer trainer(config, TrainerOptions{dir / "run", "", true, 0, {}});
   trainer.train();
   const double logged = trainer.evaluate();
 
@@ -163,7 +163,7 @@ TEST(EvalCheckpoint, OpensRunAndStepDirectoriesWithOverrides) {
   RunConfig config = pope::testing::tiny_run_config(dir / "data");
   config.model.position.kind = "rope";
   config.train.steps = 2;
-  Trainer(config, TrainerOptions{dir / "rope_run", "", true, 0}).train();
+  Trainer(config, TrainerOptions{dir / "rope_run", "", true, 0, {}}).train();
   const auto step_dir = dir / "rope_run" / "checkpoints" / "step_00000002";
   ASSERT_TRUE(std::filesystem::is_directory(step_dir));
 
@@ -208,7 +208,7 @@ TEST(EvalCheckpoint, OpensRunAndStepDirectoriesWithOverrides) {
   EXPECT_NE(thrown_message<ConfigError>([&] { open_eval_checkpoint(step_dir, {}, bad_factor); }).find("factor"),
             std::string::npos);
   config.model.position.kind = "pope";
-  Trainer(config, TrainerOptions{dir / "pope_run", "", true, 0}).train();
+  Trainer(config, TrainerOptions{dir / "pope_run", "", true, 0, {}}).train();
   EXPECT_NE(thrown_message<ConfigError>([&] { open_eval_checkpoint(dir / "pope_run", {}, yarn); }).find("'pope'"),
             std::string::npos);
   EXPECT_NE(thrown_message<CheckpointError>([&] { open_eval_checkpoint(dir / "nowhere", {}); }).find("nowhere"),

@@ -38,7 +38,7 @@ class TrainerTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
   TrainerOptions options(const std::string& run, const std::string& resume = "", long stop_at = 0) {
-    return TrainerOptions{dir_ / run, resume, true, stop_at};
+    return TrainerOptions{dir_ / run, resume, true, stop_at, {}};
   }
   std::filesystem::path dir_;
   RunConfig config_;
