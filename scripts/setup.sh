@@ -10,6 +10,7 @@ PACKAGES=(
   libopenblas-dev
   libpcre2-dev liblzma-dev zlib1g-dev xz-utils
   python3 python3-numpy
+  gnuplot-nox     # pope-eval --plot and scripts/plot_lengths.sh
   python3-torch   # CPU PyTorch 1.13: the independent oracle (scripts/reference/torch_gpt.py) in the CLI tests
 )
 # Node.js and npm (tokenizer oracle, npm registry downloads): any installation will do, e.g. a

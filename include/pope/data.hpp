@@ -97,4 +97,9 @@ class SequentialWindowSampler {
   std::vector<std::uint64_t> windows_per_file_;
 };
 
+// The i-th of `wanted` window indices spread evenly over `windows` (i < wanted ≤ windows):
+// ⌊i·windows/wanted⌋. The trainer's validation windows, and pope-eval --max-windows, which
+// must pick the same ones.
+std::uint64_t spread_window_index(std::uint64_t i, std::uint64_t wanted, std::uint64_t windows);
+
 }  // namespace pope

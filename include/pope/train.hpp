@@ -31,6 +31,9 @@ struct TrainerOptions {
   bool quiet = false;              // no console progress lines (tests)
   long stop_at_step = 0;           // > 0: checkpoint and stop once this global step is done
                                    // (time-sliced jobs); the LR schedule still spans train.steps
+  std::filesystem::path init_from; // non-empty: a fresh run starts from these weights (run or step
+                                   // directory) instead of random ones; optimizer moments, step,
+                                   // schedule and data position start fresh. Ignored when resuming.
 };
 
 enum class StopReason { finished, stop_at_step, interrupted, terminated };
@@ -69,6 +72,7 @@ class Trainer {
   void append_metrics(const nlohmann::json& record);
   void save();
   void restore(const std::filesystem::path& checkpoint);
+  void initialize_from(const std::filesystem::path& checkpoint);
 
   RunConfig config_;
   TrainerOptions options_;

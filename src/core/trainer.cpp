@@ -86,6 +86,8 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   state_.rng = Rng(config_.train.seed).state();
   if (resume_from) {
     restore(*resume_from);
+  } else if (!options_.init_from.empty()) {
+    initialize_from(options_.init_from);
   } else {
     model_->initialize(config_.train.seed);
   }
@@ -130,6 +132,20 @@ void Trainer::restore(const std::filesystem::path& checkpoint) {
   logger.info("resumed from {} at step {}", checkpoint.string(), state_.step);
 }
 
+// Fine-tuning: weights only. The checkpoint's own config is not consulted; this run's config
+// decides everything else, and the parameter layouts must agree tensor by tensor.
+void Trainer::initialize_from(const std::filesystem::path& checkpoint) {
+  CheckpointData data;
+  try {
+    data = load_checkpoint(checkpoint, model_->layout(), /*weights_only=*/true);
+  } catch (const CheckpointError& error) {
+    throw CheckpointError(fmt::format("--init-from {}: {}", checkpoint.string(), error.what()));
+  }
+  model_->parameters_from_host(data.params);
+  std::static_pointer_cast<spdlog::logger>(logger_)->info(
+      "initialised from {} (weights only: optimizer state, step and schedule start fresh)", checkpoint.string());
+}
+
 void Trainer::append_metrics(const nlohmann::json& record) {
   std::ofstream out(run_dir_ / "metrics.jsonl", std::ios::app);
   out << record.dump() << '\n';
@@ -160,7 +176,7 @@ double Trainer::evaluate() {
   for (std::uint64_t first = 0; first < wanted; first += std::uint64_t(B)) {
     const int filled = int(std::min<std::uint64_t>(std::uint64_t(B), wanted - first));
     for (int b = 0; b < filled; ++b) {
-      const std::uint64_t window = (first + std::uint64_t(b)) * windows / wanted;
+      const std::uint64_t window = spread_window_index(first + std::uint64_t(b), wanted, windows);
       val_sampler_->fill(window, 1, inputs.data() + std::size_t(b) * T, targets.data() + std::size_t(b) * T);
     }
     // A short last batch is padded with masked rows (they add nothing to the sum or count)

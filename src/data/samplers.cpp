@@ -94,4 +94,12 @@ int SequentialWindowSampler::fill(std::uint64_t first, int batch, std::int32_t* 
   return filled;
 }
 
+std::uint64_t spread_window_index(std::uint64_t i, std::uint64_t wanted, std::uint64_t windows) {
+  if (wanted == 0 || wanted > windows || i >= wanted)
+    throw std::invalid_argument(fmt::format("spread_window_index: window {} of {} spread over {} windows", i, wanted,
+                                            windows));
+  // 128-bit product: i·windows overflows 64 bits for a large file with many windows wanted.
+  return static_cast<std::uint64_t>(static_cast<unsigned __int128>(i) * windows / wanted);
+}
+
 }  // namespace pope

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   app.footer("Exit codes: 0 done (or --stop-at reached), 1 data/checkpoint/runtime error, 2 usage or config error,\n"
              "3 aborted after train.max_nonfinite_steps non-finite steps, 130/143 stopped by SIGINT/SIGTERM\n"
              "(the step finishes and a checkpoint is written; continue with --resume auto).");
-  std::string config_path, out_dir, resume, device;
+  std::string config_path, out_dir, resume, device, init_from;
   std::vector<std::string> overrides;
   bool dry_run = false, quiet = false;
   long stop_at = 0;
@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   app.add_option("-o,--out", out_dir, "run directory (default: the config's out_dir, else runs/<config name>)");
   app.add_option("--resume", resume, "continue a run: 'auto' (newest checkpoint in the run directory, if any) or a "
                                      "checkpoint/run directory");
+  app.add_option("--init-from", init_from, "start a fresh run from a checkpoint's weights (run or step directory): "
+                                           "optimizer state, step and LR schedule start fresh; the tensor shapes "
+                                           "must match this config's. Ignored when --resume finds a checkpoint");
   app.add_option("--device", device, "auto | cpu | cuda (overrides train.device)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--stop-at", stop_at, "checkpoint and exit 0 after this global step (time-sliced jobs; the LR "
@@ -80,7 +83,7 @@ int main(int argc, char** argv) {
     if (dry_run) return print_plan(config, run_dir);
 
     pope::Trainer::install_signal_handlers();
-    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet, stop_at});
+    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet, stop_at, init_from});
     const pope::TrainingSummary summary = trainer.train();
     switch (summary.reason) {
       case pope::StopReason::finished:

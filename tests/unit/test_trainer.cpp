@@ -38,7 +38,7 @@ class TrainerTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
   TrainerOptions options(const std::string& run, const std::string& resume = "", long stop_at = 0) {
-    return TrainerOptions{dir_ / run, resume, true, stop_at};
+    return TrainerOptions{dir_ / run, resume, true, stop_at, {}};
   }
   std::filesystem::path dir_;
   RunConfig config_;
@@ -193,4 +193,45 @@ TEST_F(TrainerTest, EvaluationCountsOnlyRealWindows) {
   }
   EXPECT_EQ(total.count, long(windows.window_count()) * T);
   EXPECT_NEAR(trainer.evaluate(), total.mean(), 1e-6 * total.mean());
+}
+
+// --init-from: a fresh run starts from another run's weights (and only its weights).
+TEST_F(TrainerTest, InitFromLoadsWeightsOnlyAndChecksShapes) {
+  config_.train.steps = 4;
+  Trainer(config_, options("base")).train();
+  RunConfig longer = config_;
+  longer.train.seq_len = 64;  // PoPE: a fine-tune at twice the length, same tensors
+  longer.train.steps = 3;
+  TrainerOptions fine = options("fine");
+  fine.init_from = dir_ / "base";
+  Trainer trainer(longer, fine);
+  EXPECT_EQ(trainer.step(), 0);
+  const CheckpointData base = load_checkpoint(dir_ / "base", trainer.model().layout());
+  EXPECT_EQ(trainer.model().parameters_to_host(), base.params);
+  EXPECT_EQ(trainer.train().steps_done, 3);  // its own schedule, from step 0
+
+  // A model of another shape is refused, naming the tensor and both shapes.
+  RunConfig wider = config_;
+  wider.model.n_embd = 48;
+  TrainerOptions bad = options("bad");
+  bad.init_from = dir_ / "base";
+  const std::string message = [&] {
+    try {
+      Trainer t(wider, bad);
+    } catch (const CheckpointError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  }();
+  EXPECT_NE(message.find("--init-from"), std::string::npos) << message;
+  EXPECT_NE(message.find("wte.weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("[64, 32]"), std::string::npos) << message;
+  EXPECT_NE(message.find("[64, 48]"), std::string::npos) << message;
+
+  // Resuming the fine-tune ignores --init-from: the run's own checkpoint wins.
+  TrainerOptions again = options("fine", "auto");
+  again.init_from = dir_ / "base";
+  longer.train.steps = 5;
+  Trainer resumed(longer, again);
+  EXPECT_EQ(resumed.step(), 3);
 }

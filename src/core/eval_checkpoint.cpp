@@ -1,0 +1,120 @@
+// Opening a checkpoint for evaluation: find the step directory and the run's config.json,
+// apply the evaluation overrides (RoPE scaling, --set model.…), load the weights.
+#include <fmt/format.h>
+#include <fmt/std.h>
+
+#include <fstream>
+
+#include "pope/checkpoint.hpp"
+#include "pope/eval.hpp"
+#include "pope/position.hpp"
+
+namespace pope {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kScalingPrefix = "model.position.rope.scaling.";
+
+// A step directory lives at <run>/checkpoints/step_N; the run's config is <run>/config.json.
+struct CheckpointPaths {
+  fs::path step_dir, config_file;
+};
+
+CheckpointPaths locate(const fs::path& path) {
+  if (!fs::is_directory(path))
+    throw CheckpointError(fmt::format("checkpoint {} does not exist or is not a directory", path));
+  CheckpointPaths paths;
+  if (fs::is_directory(path / "checkpoints")) {
+    const auto latest = latest_checkpoint(path);
+    if (!latest)
+      throw CheckpointError(fmt::format("run directory {} has no complete checkpoint under checkpoints/", path));
+    paths.step_dir = *latest;
+    paths.config_file = path / "config.json";
+  } else {
+    paths.step_dir = path;
+    fs::path step = fs::absolute(path).lexically_normal();
+    if (!step.has_filename()) step = step.parent_path();  // "…/step_N/" names the same directory
+    paths.config_file = step.parent_path().parent_path() / "config.json";
+  }
+  if (!fs::is_regular_file(paths.config_file))
+    throw CheckpointError(fmt::format("checkpoint {}: the run's config {} is missing (expected a run directory or "
+                                      "<run>/checkpoints/step_N with <run>/config.json)",
+                                      path, paths.config_file));
+  return paths;
+}
+
+long read_step(const fs::path& step_dir) {
+  const fs::path file = step_dir / "trainer.json";
+  std::ifstream in(file);
+  if (!in) throw CheckpointError(fmt::format("checkpoint {} is incomplete: missing trainer.json", step_dir));
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    throw CheckpointError(fmt::format("{} is not valid JSON: {}", file, error.what()));
+  }
+  return TrainerState::from_json(json, file.string()).step;
+}
+
+std::string run_name(const CheckpointPaths& paths) { return paths.config_file.parent_path().filename().string(); }
+
+std::string shortest(double value) { return fmt::format("{}", value); }
+
+}  // namespace
+
+std::vector<std::string> RopeScalingOverride::assignments() const {
+  std::vector<std::string> out;
+  if (kind) out.push_back(std::string(kScalingPrefix) + "kind=" + (*kind == "dynamic-ntk" ? "dynamic_ntk" : *kind));
+  if (factor) out.push_back(std::string(kScalingPrefix) + "factor=" + shortest(*factor));
+  if (yarn_alpha) out.push_back(std::string(kScalingPrefix) + "yarn_alpha=" + shortest(*yarn_alpha));
+  if (yarn_beta) out.push_back(std::string(kScalingPrefix) + "yarn_beta=" + shortest(*yarn_beta));
+  if (yarn_temperature) out.push_back(std::string(kScalingPrefix) + "yarn_temperature=" + shortest(*yarn_temperature));
+  return out;
+}
+
+EvalCheckpoint open_eval_checkpoint(const fs::path& path, const std::vector<std::string>& overrides,
+                                    const RopeScalingOverride& rope_scaling) {
+  for (const std::string& assignment : overrides)
+    if (assignment.rfind("model.", 0) != 0)
+      throw ConfigError(assignment.substr(0, assignment.find('=')),
+                        fmt::format("--set '{}': evaluation takes only model.* keys (the other sections describe "
+                                    "training and do not change an evaluation)",
+                                    assignment));
+  const CheckpointPaths paths = locate(path);
+  std::vector<std::string> all = overrides;
+  for (std::string& assignment : rope_scaling.assignments()) all.push_back(std::move(assignment));
+
+  EvalCheckpoint checkpoint;
+  checkpoint.given = path;
+  checkpoint.step_dir = paths.step_dir;
+  checkpoint.config_file = paths.config_file;
+  checkpoint.config = load_config(paths.config_file, all);
+  if (rope_scaling.any() && checkpoint.config.model.position.kind != "rope")
+    throw ConfigError("--rope-scaling",
+                      fmt::format("checkpoint {} uses position encoding '{}'; RoPE scaling applies only to 'rope'",
+                                  path, checkpoint.config.model.position.kind));
+  checkpoint.step = read_step(paths.step_dir);
+  checkpoint.label = run_name(paths);
+  return checkpoint;
+}
+
+std::unique_ptr<Model> load_eval_model(const EvalCheckpoint& checkpoint, Backend& backend) {
+  auto model = std::make_unique<Model>(checkpoint.config.model, backend);
+  const CheckpointData data = load_checkpoint(checkpoint.step_dir, model->layout(), /*weights_only=*/true);
+  model->parameters_from_host(data.params);
+  return model;
+}
+
+std::string describe_position(const PositionConfig& position) {
+  if (position.kind != "rope" || position.rope.scaling.kind == "none") return position.kind;
+  const RopeScalingConfig& s = position.rope.scaling;
+  if (s.kind == "dynamic_ntk") return "rope+dynamic_ntk";
+  if (s.kind != "yarn") return fmt::format("rope+{}(s={})", s.kind, s.factor);
+  std::string text = fmt::format("rope+yarn(s={} a={} b={}", s.factor, s.yarn_alpha, s.yarn_beta);
+  if (s.yarn_temperature > 0.0) text += fmt::format(" t={}", s.yarn_temperature);
+  return text + ")";
+}
+
+}  // namespace pope

@@ -1,0 +1,199 @@
+// pope-eval: evaluate checkpoints. Mode: perplexity versus window length (--lengths), or
+// plotting a CSV written earlier (--plot-csv). The work lives in the library (pope/eval.hpp);
+// this file parses flags, dispatches and maps errors to exit codes.
+// Exit codes: 0 done, 1 data/checkpoint/runtime error, 2 usage or config error.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+
+#include "pope/checkpoint.hpp"
+#include "pope/config.hpp"
+#include "pope/data.hpp"
+#include "pope/eval.hpp"
+
+namespace {
+
+constexpr int kExitRuntime = 1;
+constexpr int kExitConfig = 2;
+
+struct Options {
+  std::vector<std::string> checkpoints, labels, overrides;
+  std::string data, lengths, device = "auto", csv, json, plot, plot_csv;
+  pope::LengthSweepOptions sweep;
+  pope::RopeScalingOverride rope;
+  int threads = 0, train_len = 0;
+  bool quiet = false;
+};
+
+// Labels, paths and encodings go into CSV fields, which pope-eval does not quote.
+void check_csv_field(const std::string& text, const std::string& what) {
+  if (text.find_first_of(",\n\r") != std::string::npos)
+    throw pope::ConfigError(what, fmt::format("'{}' contains a comma or line break, which the CSV output cannot "
+                                              "hold; rename it or give --label",
+                                              text));
+}
+
+void print_progress(const pope::LengthResult& r, void* context) {
+  const auto* label = static_cast<const std::string*>(context);
+  if (r.windows == 0) {
+    spdlog::warn("{} | length {}: no book holds a window of {} tokens; skipped", *label, r.length, r.length + 1);
+    return;
+  }
+  spdlog::info("{} | length {:>6} | {} windows × {} per forward | ppl {:.3f} | tail ppl {:.3f} | {:.0f} tok/s", *label,
+               r.length, r.windows, r.batch, r.perplexity(), r.tail_perplexity(), r.tokens_per_second());
+}
+
+void write_outputs(const Options& o, const pope::EvalReport& report) {
+  std::cout << pope::format_table(report);
+  namespace fs = std::filesystem;
+  if (!o.csv.empty()) pope::write_file_atomic(fs::absolute(o.csv), pope::format_csv(report));
+  if (!o.json.empty()) pope::write_file_atomic(fs::absolute(o.json), pope::report_to_json(report).dump(2) + "\n");
+  if (!o.plot.empty()) pope::plot_curves(report.curves, o.plot, o.train_len);
+}
+
+int run_length_sweep(const Options& o) {
+  if (o.checkpoints.empty()) throw pope::ConfigError("--checkpoint", "at least one checkpoint is required");
+  if (o.data.empty()) throw pope::ConfigError("--data", "a token file or directory of books is required");
+  if (o.lengths.empty()) throw pope::ConfigError("--lengths", "required, e.g. --lengths 1024:10240:1024");
+  if (!o.labels.empty() && o.labels.size() != o.checkpoints.size())
+    throw pope::ConfigError("--label", fmt::format("{} labels for {} checkpoints; give one per --checkpoint or none",
+                                                   o.labels.size(), o.checkpoints.size()));
+  if (!o.plot.empty() && !pope::gnuplot_available())
+    throw pope::ConfigError("--plot", "gnuplot is not installed (Debian: apt-get install gnuplot-nox, see "
+                                      "scripts/setup.sh); leave out --plot, write --csv and plot it with "
+                                      "scripts/plot_lengths.sh where gnuplot is");
+  pope::LengthSweepOptions sweep = o.sweep;
+  sweep.lengths = pope::parse_lengths(o.lengths);
+
+  // Everything that can be refused is checked before the first (possibly long) forward.
+  std::vector<pope::EvalCheckpoint> checkpoints;
+  int vocab_size = std::numeric_limits<int>::max();
+  for (std::size_t i = 0; i < o.checkpoints.size(); ++i) {
+    auto checkpoint = pope::open_eval_checkpoint(o.checkpoints[i], o.overrides, o.rope);
+    if (!o.labels.empty()) checkpoint.label = o.labels[i];
+    else if (o.rope.any()) checkpoint.label += " " + pope::describe_position(checkpoint.config.model.position);
+    check_csv_field(checkpoint.label, "--label");
+    check_csv_field(checkpoint.step_dir.string(), "--checkpoint");
+    vocab_size = std::min(vocab_size, checkpoint.config.model.vocab_size);
+    checkpoints.push_back(std::move(checkpoint));
+  }
+
+  // The books are opened (memory-mapped and checked) once for all checkpoints, against the
+  // smallest vocabulary among them.
+  const pope::TokenDataset data = pope::TokenDataset::open(o.data, vocab_size);
+  auto backend = pope::make_backend(o.device, "float", o.threads);
+
+  pope::EvalReport report;
+  report.data = o.data;
+  report.files = data.files().size();
+  report.data_tokens = data.total_tokens();
+  report.device = backend->description();
+  report.options = sweep;
+  spdlog::info("pope-eval: {} | {} book(s), {} tokens | lengths {}", report.device, report.files, report.data_tokens,
+               o.lengths);
+  for (const auto& checkpoint : checkpoints) {
+    auto model = pope::load_eval_model(checkpoint, *backend);
+    pope::EvalCurve curve;
+    curve.label = checkpoint.label;
+    curve.checkpoint = checkpoint.step_dir.string();
+    curve.step = checkpoint.step;
+    curve.position = pope::describe_position(checkpoint.config.model.position);
+    curve.train_length = checkpoint.config.train.seq_len;
+    spdlog::info("{}: {} at step {} ({}, trained at {})", curve.label, curve.checkpoint, curve.step, curve.position,
+                 curve.train_length);
+    std::string label = curve.label;
+    curve.results = pope::sweep_lengths(*model, data, sweep, o.quiet ? nullptr : print_progress, &label);
+    report.curves.push_back(std::move(curve));
+  }
+  write_outputs(o, report);
+  return 0;
+}
+
+int run_plot_csv(const Options& o) {
+  if (o.plot.empty()) throw pope::ConfigError("--plot", "--plot-csv needs --plot FILE.png");
+  if (!o.checkpoints.empty() || !o.data.empty())
+    throw pope::ConfigError("--plot-csv", "plots a CSV written earlier; it takes no --checkpoint or --data");
+  pope::plot_curves(pope::read_curves_csv(o.plot_csv), o.plot, o.train_len);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pope-eval: perplexity of checkpoints versus evaluation length (PG-19 protocol of the PoPE paper).\n"
+               "Each token file is one book; a window of L tokens predicts L next tokens, windows do not overlap,\n"
+               "each book's remainder is dropped; perplexity = exp(mean NLL over all tokens of all windows)."};
+  app.footer("Exit codes: 0 done, 1 data/checkpoint/runtime error, 2 usage or config error.\n"
+             "Example: pope-eval --checkpoint runs/rope --checkpoint runs/pope --data data/pg19_demo \\\n"
+             "           --lengths 1024:10240:1024 --csv lengths.csv --plot lengths.png");
+  Options o;
+  app.add_option("--checkpoint", o.checkpoints, "run directory (newest checkpoint) or step directory; repeatable "
+                                                "(the books are loaded once for all)");
+  app.add_option("--label", o.labels, "curve name per --checkpoint, in order (default: the run directory's name)");
+  app.add_option("--data", o.data, "token file (llm.c or nanoGPT .bin), directory of them (one file = one book) or "
+                                   "glob");
+  app.add_option("--lengths", o.lengths, "FIRST:LAST:STEP (inclusive), a comma-separated list or one length");
+  app.add_option("--tail", o.sweep.tail, "also report the perplexity of the last N positions of each window")
+      ->default_val(1024)
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-batch-tokens", o.sweep.max_batch_tokens,
+                 "tokens per forward at most (windows × length; at least one window). Activation memory grows "
+                 "with it: about n_layer × 16 × n_embd values per token (124M in bf16: ≈ 0.3 MB/token)")
+      ->default_val(32768)
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-windows", o.sweep.max_windows, "evaluate N windows per length spread evenly over the data "
+                                                       "(the trainer's validation choice with N = eval_batches × "
+                                                       "micro_batch_size); 0: all windows")
+      ->default_val(0);
+  // Unset flags keep the checkpoint's values: each is read into a plain value and copied into
+  // the optional override only when it was given.
+  std::string rope_kind;
+  double rope_factor = 0, yarn_alpha = 0, yarn_beta = 0, yarn_temperature = 0;
+  auto* rope_kind_flag =
+      app.add_option("--rope-scaling", rope_kind, "override the checkpoint's RoPE scaling (rope checkpoints only)")
+          ->check(CLI::IsMember({"none", "pi", "ntk", "dynamic-ntk", "dynamic_ntk", "yarn"}));
+  auto* rope_factor_flag = app.add_option("--rope-factor", rope_factor, "scaling factor s for pi, ntk and yarn (e.g. 4)");
+  auto* yarn_alpha_flag = app.add_option("--yarn-alpha", yarn_alpha, "YaRN ramp start α (default 1)");
+  auto* yarn_beta_flag = app.add_option("--yarn-beta", yarn_beta, "YaRN ramp end β (default 32)");
+  auto* yarn_temperature_flag =
+      app.add_option("--yarn-temperature", yarn_temperature, "YaRN q/k multiplier t (default 0: 0.1·ln s + 1)");
+  app.add_option("-s,--set", o.overrides, "override a model.* key of the checkpoints' config, e.g. "
+                                          "--set model.context_length=2048 (repeatable)");
+  app.add_option("--device", o.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--threads", o.threads, "CPU threads; 0: all cores")->check(CLI::NonNegativeNumber);
+  app.add_option("--csv", o.csv, "write one row per checkpoint × length");
+  app.add_option("--json", o.json, "write the results and settings as JSON");
+  app.add_option("--plot", o.plot, "write a PNG of perplexity versus length (needs gnuplot)");
+  app.add_option("--plot-csv", o.plot_csv, "plot mode: read a CSV written by --csv (e.g. on another machine) and "
+                                           "write --plot; no evaluation");
+  app.add_option("--train-len", o.train_len, "plot: mark only this training length (default: each curve's "
+                                             "train.seq_len)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("-q,--quiet", o.quiet, "no progress lines");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitConfig;
+  }
+  if (*rope_kind_flag) o.rope.kind = rope_kind;
+  if (*rope_factor_flag) o.rope.factor = rope_factor;
+  if (*yarn_alpha_flag) o.rope.yarn_alpha = yarn_alpha;
+  if (*yarn_beta_flag) o.rope.yarn_beta = yarn_beta;
+  if (*yarn_temperature_flag) o.rope.yarn_temperature = yarn_temperature;
+
+  try {
+    return o.plot_csv.empty() ? run_length_sweep(o) : run_plot_csv(o);
+  } catch (const pope::ConfigError& e) {
+    spdlog::error("config error: {}", e.what());
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return kExitRuntime;
+  }
+}
