@@ -21,12 +21,16 @@ bool cuda_available() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision, int threads) {
+std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision, int threads,
+                                      int cuda_device) {
   if (device == "cpu" || (device == "auto" && !cuda_available())) return make_cpu_backend(cpu_precision, threads);
+#ifndef POPE_HAVE_CUDA
+  (void)cuda_device;
+#endif
   if (device == "cuda" || device == "auto") {
 #ifdef POPE_HAVE_CUDA
     if (!cuda_available()) throw std::runtime_error("--device cuda: no CUDA device is visible on this machine");
-    return make_cuda_backend(0);
+    return make_cuda_backend(cuda_device);
 #else
     throw std::runtime_error("--device cuda: this build has no CUDA backend (nvcc was not found at configure time)");
 #endif
