@@ -223,8 +223,8 @@ void tensor_from_host_f32(Backend& backend, const Tensor& tensor, std::span<cons
 
 // Backend factory: "cpu", "cuda" or "auto" (CUDA when a GPU is present, else CPU).
 // precision "float" | "double" selects the CPU backend's Real; cuda_device the GPU (a
-// data-parallel rank's local rank). Throws std::runtime_error when CUDA is asked for but
-// unavailable or cuda_device is not a visible device.
+// data-parallel rank's local rank, taken modulo the visible devices so that a rank that sees
+// only its own GPU uses it). Throws std::runtime_error when CUDA is asked for but unavailable.
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision = "float",
                                       int threads = 0, int cuda_device = 0);
 bool cuda_available();

@@ -30,7 +30,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const std::stri
   if (device == "cuda" || device == "auto") {
 #ifdef POPE_HAVE_CUDA
     if (!cuda_available()) throw std::runtime_error("--device cuda: no CUDA device is visible on this machine");
-    return make_cuda_backend(cuda_device);
+    // Modulo the visible devices: a rank that its launcher restricted to its own GPU
+    // (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES) sees it as device 0.
+    return make_cuda_backend(cuda_device % cuda_device_count());
 #else
     throw std::runtime_error("--device cuda: this build has no CUDA backend (nvcc was not found at configure time)");
 #endif

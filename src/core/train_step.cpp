@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 
 namespace pope {
@@ -49,6 +50,9 @@ TrainStep::TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool 
 // destructor must not throw, and an error here has been or will be reported by the call
 // that queued the work.
 TrainStep::~TrainStep() {
+  // Destroyed by an exception on this rank: the other ranks may never join the collectives
+  // still queued, so end them now rather than wait for the timeout.
+  if (std::uncaught_exceptions() > 0) communicator_.abort();
   for (auto& slot : slots_) {
     try {
       communicator_.wait(*slot->done);

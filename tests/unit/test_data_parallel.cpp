@@ -2,6 +2,7 @@
 // ThreadCommunicator between them. Two ranks follow one rank's run at the same global batch,
 // keep identical weights, write the run directory once, resume on another number of ranks,
 // stop together when one rank is asked to, and report ranks whose weights diverged.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,7 +42,7 @@ std::map<long, double> train_losses(const std::filesystem::path& run_dir, int* r
 // Runs body(rank, communicator) on `ranks` threads and rethrows the first exception.
 void run_ranks(int ranks, const std::function<void(int, std::unique_ptr<Communicator>)>& body) {
   auto world = std::make_shared<ThreadWorld>(ranks);
-  std::vector<std::exception_ptr> errors(std::size_t(ranks));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
@@ -74,7 +75,7 @@ class DataParallelTest : public ::testing::Test {
   // Trains `run` on `ranks` threads; returns each rank's final weights.
   std::vector<std::vector<float>> train_on(int ranks, const std::string& run, const std::string& resume = "",
                                            long stop_at = 0) {
-    std::vector<std::vector<float>> params(std::size_t(ranks));
+    std::vector<std::vector<float>> params(static_cast<std::size_t>(ranks));
     run_ranks(ranks, [&](int rank, std::unique_ptr<Communicator> communicator) {
       Trainer trainer(config_, options(run, resume, stop_at), make_backend("cpu", "float", 1),
                       std::move(communicator));
@@ -139,7 +140,7 @@ TEST_F(DataParallelTest, AGlobalBatchTheRanksCannotSplitIsAConfigError) {
   }
 }
 
-TEST_F(DataParallelTest, OneRanksSignalStopsEveryRankAtTheSameStep) {
+TEST_F(DataParallelTest, ASignalStopsEveryRankAtTheSameStepWithACheckpoint) {
   std::vector<long> steps(2);
   std::vector<StopReason> reasons(2);
   run_ranks(2, [&](int rank, std::unique_ptr<Communicator> communicator) {
@@ -157,7 +158,7 @@ TEST_F(DataParallelTest, OneRanksSignalStopsEveryRankAtTheSameStep) {
   EXPECT_EQ(reasons[1], StopReason::terminated);
   const auto latest = latest_checkpoint(dir_ / "run");
   ASSERT_TRUE(latest.has_value());
-  EXPECT_EQ(load_checkpoint(*latest, Trainer(config_, options("check", "", 0)).model().layout()).state.step, steps[0]);
+  EXPECT_EQ(latest->filename(), fmt::format("step_{:08}", steps[0]));
 }
 
 // A stop vote of one rank reaches every rank with the same step's results.
