@@ -29,9 +29,11 @@ if ! cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOGS/configu
   tail -40 "$LOGS/configure.log"; exit 1
 fi
 grep "pope:" "$LOGS/configure.log"
-if ! cmake --build build/gpu -j "$(nproc)" --target pope-train pope_unit_tests >"$LOGS/build.log" 2>&1; then
+if ! cmake --build build/gpu -j "$(nproc)" --target pope-train pope_gpu_tests >"$LOGS/build.log" 2>&1; then
   grep -E "error|FAILED" "$LOGS/build.log" | head -40; exit 1
 fi
+build/gpu/tests/pope_gpu_tests --gtest_filter='NcclCommunicator*' >"$LOGS/nccl_tests.log" 2>&1
+row "NCCL communicator GPU tests" "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/nccl_tests.log" | tr '\n' ' ')"
 [ -f data/demo/train.bin ] || { echo "multi_gpu_check: data/demo/train.bin is missing (scripts/fetch_data.sh)"; exit 1; }
 
 # Small model, 30 steps, global batch 16 = 4 × accumulation 4 (1 rank) or 4 × 2 × 2 ranks.
