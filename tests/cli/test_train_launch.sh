@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pope-train's data-parallel launch checks on a machine without GPUs: inconsistent launcher
 # variables, a bad rendezvous or timeout, a world on the CPU backend and a global batch the
-# ranks cannot split are errors (exit 2) naming the variable or key; --dry-run shows the split.
+# ranks cannot split are errors (exit 2) naming the variable or key; --dry-run shows the split;
+# under mpirun, one rank trains and a refused world ends through MPI_Abort.
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
@@ -37,4 +38,16 @@ expect_output "world size (3)"
 # The plan shows the split over the ranks.
 expect_exit 0 run RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$TRAIN" --config "$SCRATCH/tiny.json" --dry-run
 expect_output "accumulation 2, 2 ranks"
+# Under mpirun (where installed, and this build links MPI): one rank trains; two CPU ranks are
+# refused and MPI_Abort ends the job, naming a rank.
+if command -v mpirun >/dev/null 2>&1 && ldd "$TRAIN" | grep -q libmpi; then
+  MPI=(mpirun --allow-run-as-root --oversubscribe)
+  expect_exit 0 "${MPI[@]}" -np 1 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/mpi1" --quiet
+  [ -d "$SCRATCH/mpi1/checkpoints/step_00000002" ] || fail "mpirun -np 1 wrote no final checkpoint"
+  expect_exit 2 "${MPI[@]}" -np 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/mpi2"
+  expect_output "MPI_ABORT was invoked on rank"
+  expect_output "of 2: launch error"
+else
+  echo "mpirun or an MPI build missing: the mpirun checks are skipped"
+fi
 echo "PASS"
