@@ -72,6 +72,14 @@ wait_for_step() {  # run dir, step: waits (≤ 120 s) until metrics.jsonl logs t
   done
   return 1
 }
+wait_bounded() {  # pid, seconds: sets RC to its exit code, or to HUNG (and kills it) after that long
+  RC=HUNG
+  for _ in $(seq $(($2 * 5))); do
+    if ! kill -0 "$1" 2>/dev/null; then wait "$1"; RC=$?; return; fi
+    sleep 0.2
+  done
+  kill -9 "$1" 2>/dev/null; wait "$1" 2>/dev/null
+}
 rank_pid() {  # out dir, rank: the pid of that mpirun rank
   for pid in $(pgrep -f "pope-train.*$1"); do
     tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$pid"; return; }
@@ -84,7 +92,7 @@ wait_for_step "$RUNS/fault_mpi" 5
 victim=$(rank_pid "$RUNS/fault_mpi" 1)
 start=$(date +%s.%N)
 kill -9 "$victim"
-wait "$launcher"; rc=$?
+wait_bounded "$launcher" 120; rc=$RC
 row "fault: rank 1 killed under mpirun" \
   "mpirun exit $rc after $(since "$start") s; $(grep -m1 -oE "(process rank|rank) 1[^\"]{0,80}" "$LOGS/fault_mpi.log")"
 
@@ -98,7 +106,7 @@ done
 wait_for_step "$RUNS/fault_env" 5
 start=$(date +%s.%N)
 kill -9 "${pids[1]}"
-wait "${pids[0]}"; rc=$?
+wait_bounded "${pids[0]}" 120; rc=$RC
 row "fault: rank 1 killed, env launch (timeout 30 s)" \
   "rank 0 exit $rc after $(since "$start") s: $(grep -m1 -oE "rank 0 of 2: .{0,160}" "$LOGS/fault_env_rank0.log")"
 
@@ -106,7 +114,7 @@ row "fault: rank 1 killed, env launch (timeout 30 s)" \
 launcher=$!
 wait_for_step "$RUNS/sigterm_mpi" 5
 kill -TERM "$launcher"
-wait "$launcher"; rc=$?
+wait_bounded "$launcher" 120; rc=$RC
 row "SIGTERM to mpirun" "exit $rc, checkpoint: $(ls "$RUNS/sigterm_mpi/checkpoints" 2>/dev/null | tail -1 || echo none)"
 
 # ---- 3. scaling ------------------------------------------------------------------------

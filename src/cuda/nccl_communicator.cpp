@@ -40,6 +40,7 @@ class NcclCommunicator final : public Communicator {
     settle(started, "ncclCommInitRankConfig (connecting the ranks)");
     rendezvous.complete();  // every rank has joined, so every rank has read the id
     POPE_CUDA_CHECK(cudaMalloc(&barrier_value_, sizeof(float)));
+    POPE_CUDA_CHECK(cudaMemset(barrier_value_, 0, sizeof(float)));  // only its arrival matters, but keep it finite
     POPE_CUDA_CHECK(cudaEventCreateWithFlags(&barrier_done_, cudaEventDisableTiming));
   }
 
@@ -148,7 +149,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   [[noreturn]] void fail(ncclResult_t result, const char* what) {
-    const char* detail = comm_ != nullptr ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
+    const char* detail = ncclGetLastError(comm_);  // this thread's last NCCL error message
     const std::string message = fmt::format(
         "rank {} of {}: {} failed: NCCL {}{}{}", world_.rank, world_.size, what, ncclGetErrorString(result),
         detail != nullptr && *detail != '\0' ? fmt::format(" ({})", detail) : std::string(),
