@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev
   libpcre2-dev liblzma-dev zlib1g-dev xz-utils
+  libopenmpi-dev openmpi-bin   # mpirun launches data-parallel ranks (NCCL comes with the CUDA toolkit)
   python3 python3-numpy
   gnuplot-nox     # pope-eval --plot and scripts/plot_lengths.sh
   python3-torch   # CPU PyTorch 1.13: the independent oracle (scripts/reference/torch_gpt.py) in the CLI tests

@@ -108,6 +108,9 @@ class Fence {
   virtual ~Fence() = default;
   virtual void record() = 0;
   virtual void wait() = 0;
+  // Whether that work has finished, without blocking: a rank that waits on work which
+  // depends on other ranks polls this, so that it can give up when they fail.
+  virtual bool ready() = 0;
 };
 
 // Records the work a backend queues between begin() and end() instead of running it;
@@ -228,10 +231,11 @@ std::vector<double> tensor_to_host_f64(Backend& backend, const Tensor& tensor);
 void tensor_from_host_f32(Backend& backend, const Tensor& tensor, std::span<const float> values);
 
 // Backend factory: "cpu", "cuda" or "auto" (CUDA when a GPU is present, else CPU).
-// precision "float" | "double" selects the CPU backend's Real. Throws std::runtime_error
-// when CUDA is asked for but unavailable.
+// precision "float" | "double" selects the CPU backend's Real; cuda_device the GPU (a
+// data-parallel rank's local rank, taken modulo the visible devices so that a rank that sees
+// only its own GPU uses it). Throws std::runtime_error when CUDA is asked for but unavailable.
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision = "float",
-                                      int threads = 0);
+                                      int threads = 0, int cuda_device = 0);
 bool cuda_available();
 
 }  // namespace pope

@@ -1,6 +1,8 @@
 // The training loop: data → micro-batches with gradient accumulation → AdamW step, with
 // logging (console + metrics.jsonl), periodic validation and checkpoints, exact resume,
-// graceful stop on SIGINT/SIGTERM and a guard against non-finite losses.
+// graceful stop on SIGINT/SIGTERM and a guard against non-finite losses. Data-parallel over
+// a Communicator's ranks: each rank reads its part of every global batch, gradients are
+// summed over the ranks, and rank 0 alone logs, validates and writes the run directory.
 #pragma once
 
 #include <atomic>
@@ -12,6 +14,7 @@
 
 #include "pope/backend.hpp"
 #include "pope/checkpoint.hpp"
+#include "pope/communicator.hpp"
 #include "pope/config.hpp"
 #include "pope/data.hpp"
 #include "pope/model.hpp"
@@ -50,8 +53,12 @@ struct TrainingSummary {
 class Trainer {
  public:
   // Builds backend, model, optimizer and data; resumes when asked. Throws ConfigError,
-  // DataError or CheckpointError with messages naming the offending key or file.
-  Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backend> backend = nullptr);
+  // DataError or CheckpointError with messages naming the offending key or file. Without a
+  // communicator the run is a single process; with one, `backend` must be the one the
+  // communicator was made for. Every rank of a world constructs its Trainer with the same
+  // config and options (rank 0 writes the run directory; the others only read it on resume).
+  Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backend> backend = nullptr,
+          std::unique_ptr<Communicator> communicator = nullptr);
   ~Trainer();
 
   TrainingSummary train();
@@ -73,11 +80,15 @@ class Trainer {
   void save();
   void restore(const std::filesystem::path& checkpoint);
   void initialize_from(const std::filesystem::path& checkpoint);
+  void check_ranks_agree();
+  TrainingSummary train_steps();
+  bool is_root() const { return communicator_->rank() == 0; }
 
   RunConfig config_;
   TrainerOptions options_;
   std::filesystem::path run_dir_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Communicator> communicator_;  // after backend_: destroyed before it
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<TokenDataset> train_data_, val_data_;

@@ -1,6 +1,7 @@
 // One optimizer step as backend work only: zero the gradients, forward and backward over
-// every micro-batch (the loss summed on the device), the global gradient norm, and AdamW
-// clipped and guarded on the device. The host uploads the step's tokens, targets and
+// every micro-batch (the loss summed on the device), on several data-parallel ranks the sum
+// of the gradients and losses over the ranks, the global gradient norm, and AdamW clipped
+// and guarded on the device. The host uploads the step's tokens, targets and
 // schedule without waiting and reads the results only when asked. On a backend that
 // supports graphs, the step runs eagerly once, is then recorded (a CUDA graph) and replayed.
 #pragma once
@@ -11,6 +12,7 @@
 #include <span>
 
 #include "pope/backend.hpp"
+#include "pope/communicator.hpp"
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
 
@@ -20,20 +22,25 @@ struct TrainStepShape {
   int micro_batches = 1;    // gradient-accumulation steps per optimizer step
   int batch = 1;            // B of each micro-batch
   int seq_len = 1;          // T
-  double grad_scale = 1.0;  // the loss gradient's factor (1 / tokens of the global batch)
+  double grad_scale = 1.0;  // the loss gradient's factor (1 / tokens of the global batch, all ranks)
   std::int64_t tokens() const { return std::int64_t(micro_batches) * batch * seq_len; }
 };
 
 struct TrainStepResult {
-  double loss_sum = 0.0;   // Σ token losses over every micro-batch (unmasked targets)
+  double loss_sum = 0.0;   // Σ token losses over every micro-batch of every rank (unmasked targets)
   OptimizerStepResult optimizer;
+  int stop_votes = 0;      // ranks that asked to stop with this step (see enqueue)
 };
 
 class TrainStep {
  public:
   // use_graph = false keeps every step eager (for comparisons); it is ignored by backends
-  // without graph support. Throws std::invalid_argument for a non-positive shape.
-  TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph = true);
+  // without graph support. With a communicator of several ranks, each step sums the
+  // gradients and losses over the ranks before the optimizer (so every rank applies the same
+  // update) and runs eagerly; nullptr means a single process. Throws std::invalid_argument
+  // for a non-positive shape.
+  TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph = true,
+            Communicator* communicator = nullptr);
   ~TrainStep();
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
@@ -42,7 +49,10 @@ class TrainStep {
   // shape().tokens() entries each (micro-batch after micro-batch, B·T each; targets < 0 are
   // masked). Returns without waiting for this step; it waits for the step two before, whose
   // host staging it reuses, so the host runs at most two steps ahead. Token ids are checked here.
-  void enqueue(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, long step, double lr);
+  // stop_vote: this rank asks to stop after this step; the votes of all ranks are summed into
+  // the step's result, so that every rank sees the same count at the same step.
+  void enqueue(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, long step, double lr,
+               bool stop_vote = false);
 
   // The results of the step most recently enqueued, or of the one before it: waits for that
   // step only. Throws std::logic_error for an older step (its results are overwritten).
@@ -62,8 +72,11 @@ class TrainStep {
   AdamW& optimizer_;
   TrainStepShape shape_;
   bool use_graph_;
+  SingleProcessCommunicator single_process_;
+  Communicator& communicator_;  // single_process_ unless one was given
   OwnedTensor tokens_, targets_;  // device [micro_batches, B·T] i32
   OwnedTensor schedule_, stats_;  // device f64 [kStepScheduleSize], [kStepStatsSize]
+  OwnedTensor stop_votes_;        // device f64 [1]
   // Two sets of host staging memory, so the host fills one while the device may still read
   // the other (double buffering).
   std::array<std::unique_ptr<Slot>, 2> slots_;

@@ -21,12 +21,18 @@ bool cuda_available() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision, int threads) {
+std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision, int threads,
+                                      int cuda_device) {
   if (device == "cpu" || (device == "auto" && !cuda_available())) return make_cpu_backend(cpu_precision, threads);
+#ifndef POPE_HAVE_CUDA
+  (void)cuda_device;
+#endif
   if (device == "cuda" || device == "auto") {
 #ifdef POPE_HAVE_CUDA
     if (!cuda_available()) throw std::runtime_error("--device cuda: no CUDA device is visible on this machine");
-    return make_cuda_backend(0);
+    // Modulo the visible devices: a rank that its launcher restricted to its own GPU
+    // (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES) sees it as device 0.
+    return make_cuda_backend(cuda_device % cuda_device_count());
 #else
     throw std::runtime_error("--device cuda: this build has no CUDA backend (nvcc was not found at configure time)");
 #endif

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 
 namespace pope {
@@ -10,13 +12,18 @@ namespace pope {
 // Host staging of one step: its inputs, its results, and a fence recorded once the device
 // has copied the results out (so everything before, the input uploads too, is done).
 struct TrainStep::Slot {
-  Buffer tokens, targets, schedule, stats;
+  Buffer tokens, targets, schedule, stats, stop_votes;
   std::unique_ptr<Fence> done;
   long step = 0;  // the step whose results `stats` receives; 0 before the first
 };
 
-TrainStep::TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph)
-    : model_(model), optimizer_(optimizer), shape_(shape), use_graph_(use_graph) {
+TrainStep::TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph,
+                     Communicator* communicator)
+    : model_(model),
+      optimizer_(optimizer),
+      shape_(shape),
+      use_graph_(use_graph),
+      communicator_(communicator != nullptr ? *communicator : single_process_) {
   if (shape.micro_batches <= 0 || shape.batch <= 0 || shape.seq_len <= 0)
     throw std::invalid_argument(fmt::format("TrainStep: {} micro-batches of {} × {} tokens; expected all positive",
                                             shape.micro_batches, shape.batch, shape.seq_len));
@@ -26,23 +33,29 @@ TrainStep::TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool 
   targets_ = allocate_tensor(be, {shape.micro_batches, per_micro}, DType::i32);
   schedule_ = allocate_tensor(be, {kStepScheduleSize}, DType::f64);
   stats_ = allocate_tensor(be, {kStepStatsSize}, DType::f64);
+  stop_votes_ = allocate_tensor(be, {1}, DType::f64);
   for (auto& slot : slots_) {
     slot = std::make_unique<Slot>();
     slot->tokens = be.allocate_host(tokens_.tensor.nbytes());
     slot->targets = be.allocate_host(targets_.tensor.nbytes());
     slot->schedule = be.allocate_host(schedule_.tensor.nbytes());
     slot->stats = be.allocate_host(stats_.tensor.nbytes());
+    slot->stop_votes = be.allocate_host(stop_votes_.tensor.nbytes());
     slot->done = be.make_fence();
   }
 }
 
 // The device may still copy a step's results into the pinned slots: wait before they are
-// freed. A destructor must not throw, and an error here has been or will be reported by the
-// call that queued the work.
+// freed (through the communicator, which gives up when other ranks have failed). A
+// destructor must not throw, and an error here has been or will be reported by the call
+// that queued the work.
 TrainStep::~TrainStep() {
+  // Destroyed by an exception on this rank: the other ranks may never join the collectives
+  // still queued, so end them now rather than wait for the timeout.
+  if (std::uncaught_exceptions() > 0) communicator_.abort();
   for (auto& slot : slots_) {
     try {
-      slot->done->wait();
+      communicator_.wait(*slot->done);
     } catch (...) {
     }
   }
@@ -53,7 +66,7 @@ bool TrainStep::replaying() const {
 }
 
 void TrainStep::enqueue(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, long step,
-                        double lr) {
+                        double lr, bool stop_vote) {
   const std::int64_t count = shape_.tokens();
   if (std::int64_t(tokens.size()) != count || std::int64_t(targets.size()) != count)
     throw std::invalid_argument(fmt::format("TrainStep: {} tokens and {} targets given, expected {} micro-batches × "
@@ -65,15 +78,18 @@ void TrainStep::enqueue(std::span<const std::int32_t> tokens, std::span<const st
 
   Backend& be = model_.backend();
   Slot& slot = *slots_[std::size_t(enqueued_ % 2)];
-  slot.done->wait();  // the device is done with this slot's previous step (two steps ago)
+  communicator_.wait(*slot.done);  // the device is done with this slot's previous step (two steps ago)
   std::memcpy(slot.tokens.get(), tokens.data(), tokens.size_bytes());
   std::memcpy(slot.targets.get(), targets.data(), targets.size_bytes());
   std::memcpy(slot.schedule.get(), schedule.data(), sizeof(schedule));
+  *static_cast<double*>(slot.stop_votes.get()) = stop_vote ? 1.0 : 0.0;
   be.copy_from_host_async(tokens_.tensor, slot.tokens.get());
   be.copy_from_host_async(targets_.tensor, slot.targets.get());
   be.copy_from_host_async(schedule_.tensor, slot.schedule.get());
+  be.copy_from_host_async(stop_votes_.tensor, slot.stop_votes.get());
   run_step();
   be.copy_to_host_async(slot.stats.get(), stats_.tensor);
+  be.copy_to_host_async(slot.stop_votes.get(), stop_votes_.tensor);
   slot.done->record();
   slot.step = step;
   ++enqueued_;
@@ -84,9 +100,10 @@ TrainStepResult TrainStep::result(long step) {
   for (long back = 1; back <= 2 && back <= enqueued_; ++back) {
     Slot& slot = *slots_[std::size_t((enqueued_ - back) % 2)];
     if (slot.step != step) continue;
-    slot.done->wait();
+    communicator_.wait(*slot.done);
     const std::span<const double, kStepStatsSize> stats(static_cast<const double*>(slot.stats.get()), kStepStatsSize);
-    return {stats[kStatsLossSum], optimizer_.result_from(stats)};
+    return {stats[kStatsLossSum], optimizer_.result_from(stats),
+            int(std::lround(*static_cast<const double*>(slot.stop_votes.get())))};
   }
   throw std::logic_error(
       fmt::format("TrainStep: no results kept for step {}; only the last two enqueued steps are", step));
@@ -94,7 +111,9 @@ TrainStepResult TrainStep::result(long step) {
 
 // Eager until one step of the current activation buffers has run (it reserves every scratch
 // buffer the step needs), then recorded once and replayed; recorded again if the model's
-// activations were reallocated (e.g. by an evaluation with another batch size).
+// activations were reallocated (e.g. by an evaluation with another batch size). Steps with
+// collectives stay eager: NCCL can be recorded in a graph, but an eager step is what the
+// multi-GPU check has verified, and at data-parallel sizes the launch overhead is small.
 void TrainStep::run_step() {
   if (replaying()) {
     graph_->replay();
@@ -103,7 +122,7 @@ void TrainStep::run_step() {
   graph_.reset();
   Backend& be = model_.backend();
   const bool warm = warm_generation_ == model_.activation_generation() && warm_;
-  if (!use_graph_ || !be.supports_graphs() || !warm) {
+  if (!use_graph_ || !be.supports_graphs() || communicator_.size() > 1 || !warm) {
     queue_step();
     warm_ = true;
     warm_generation_ = model_.activation_generation();
@@ -128,6 +147,12 @@ void TrainStep::queue_step() {
     model_.forward_backward(tokens_.tensor.rows(m, m + 1).reshaped(micro_batch),
                             targets_.tensor.rows(m, m + 1).reshaped(micro_batch), shape_.batch, shape_.seq_len,
                             shape_.grad_scale, loss_sum);
+  // Every rank's gradient already carries the global batch's scale, so their sum is the
+  // gradient of the global mean loss; the summed loss lets every rank's non-finite guard
+  // take the same decision.
+  communicator_.all_reduce_sum(model_.gradients());
+  communicator_.all_reduce_sum(loss_sum);
+  communicator_.all_reduce_sum(stop_votes_.tensor);
   optimizer_.step_on_device(schedule_.tensor, stats_.tensor);
 }
 

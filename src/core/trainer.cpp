@@ -13,6 +13,7 @@
 #include <sstream>
 #include <utility>
 
+#include "pope/distributed.hpp"
 #include "pope/train_step.hpp"
 
 namespace pope {
@@ -43,8 +44,15 @@ void Trainer::install_signal_handlers() {
   std::signal(SIGTERM, handle_stop_signal);
 }
 
-Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backend> backend)
-    : config_(std::move(config)), options_(std::move(options)), backend_(std::move(backend)) {
+Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backend> backend,
+                 std::unique_ptr<Communicator> communicator)
+    : config_(std::move(config)),
+      options_(std::move(options)),
+      backend_(std::move(backend)),
+      communicator_(std::move(communicator)) {
+  if (!communicator_) communicator_ = std::make_unique<SingleProcessCommunicator>();
+  if (communicator_->size() > 1 && !backend_)
+    throw std::invalid_argument("Trainer: a communicator of several ranks needs the backend it was made for");
   validate(config_);
   if (config_.data.train.empty())
     throw ConfigError("data.train", "a training token file is required (see data/README.md)");
@@ -63,12 +71,22 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
                                            run_dir_.string(), existing->filename().string()));
   }
 
-  std::filesystem::create_directories(run_dir_);
+  // Rank 0 owns the run directory; the other ranks print warnings and errors only, tagged
+  // with their rank.
   auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>((run_dir_ / "train.log").string());
-  auto logger = std::make_shared<spdlog::logger>("pope-train", spdlog::sinks_init_list{console, file});
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S] %^%l%$ %v");
-  if (options_.quiet) console->set_level(spdlog::level::warn);
+  std::shared_ptr<spdlog::logger> logger;
+  if (is_root()) {
+    std::filesystem::create_directories(run_dir_);
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>((run_dir_ / "train.log").string());
+    logger = std::make_shared<spdlog::logger>("pope-train", spdlog::sinks_init_list{console, file});
+    if (options_.quiet) console->set_level(spdlog::level::warn);
+  } else {
+    logger = std::make_shared<spdlog::logger>("pope-train", console);
+    logger->set_level(spdlog::level::warn);
+  }
+  logger->set_pattern(communicator_->size() > 1
+                          ? fmt::format("[%Y-%m-%d %H:%M:%S] %^%l%$ rank {}: %v", communicator_->rank())
+                          : std::string("[%Y-%m-%d %H:%M:%S] %^%l%$ %v"));
   logger_ = logger;
 
   train_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.train, config_.model.vocab_size));
@@ -91,13 +109,18 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   } else {
     model_->initialize(config_.train.seed);
   }
-  write_file_atomic(run_dir_ / "config.json", config_to_json(config_).dump(2) + "\n");
+  if (is_root()) write_file_atomic(run_dir_ / "config.json", config_to_json(config_).dump(2) + "\n");
 
   logger->info("pope-train: {} | {} parameters ({:.1f}M) | position {} | run dir {}", backend_->description(),
                model_->parameter_count(), double(model_->parameter_count()) / 1e6, config_.model.position.kind,
                run_dir_.string());
   logger->info("data: {} training tokens in {} file(s){}", train_data_->total_tokens(), train_data_->files().size(),
                val_data_ ? fmt::format(", {} validation tokens", val_data_->total_tokens()) : "");
+  if (communicator_->size() > 1) {
+    const int ranks = communicator_->size();
+    logger->info("data parallel: {} ranks, global batch {} = micro-batch {} × accumulation {} × {} ranks", ranks,
+                 config_.train.batch_size, config_.train.micro_batch_size, config_.grad_accumulation(ranks), ranks);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -119,7 +142,7 @@ void Trainer::restore(const std::filesystem::path& checkpoint) {
 
   // Metrics logged after the checkpoint belong to a future that is about to be replayed.
   const auto metrics = run_dir_ / "metrics.jsonl";
-  if (std::filesystem::exists(metrics)) {
+  if (is_root() && std::filesystem::exists(metrics)) {
     std::ifstream in(metrics);
     std::ostringstream kept;
     for (std::string line; std::getline(in, line);) {
@@ -147,19 +170,50 @@ void Trainer::initialize_from(const std::filesystem::path& checkpoint) {
 }
 
 void Trainer::append_metrics(const nlohmann::json& record) {
+  if (!is_root()) return;
   std::ofstream out(run_dir_ / "metrics.jsonl", std::ios::app);
   out << record.dump() << '\n';
   if (!out) throw std::runtime_error("cannot append to " + (run_dir_ / "metrics.jsonl").string());
 }
 
+// Rank 0 writes (every rank holds the same weights and moments); the others wait at the
+// barrier, so that no rank runs ahead of, or exits before, a complete checkpoint.
 void Trainer::save() {
-  CheckpointData data;
-  data.state = state_;
-  data.params = model_->parameters_to_host();
-  data.adam_m = optimizer_->first_moment_to_host();
-  data.adam_v = optimizer_->second_moment_to_host();
-  last_checkpoint_ = save_checkpoint(run_dir_, model_->layout(), data, config_.train.keep_checkpoints);
-  std::static_pointer_cast<spdlog::logger>(logger_)->info("checkpoint {}", last_checkpoint_.string());
+  check_ranks_agree();
+  if (is_root()) {
+    CheckpointData data;
+    data.state = state_;
+    data.params = model_->parameters_to_host();
+    data.adam_m = optimizer_->first_moment_to_host();
+    data.adam_v = optimizer_->second_moment_to_host();
+    last_checkpoint_ = save_checkpoint(run_dir_, model_->layout(), data, config_.train.keep_checkpoints);
+    std::static_pointer_cast<spdlog::logger>(logger_)->info("checkpoint {}", last_checkpoint_.string());
+  }
+  communicator_->barrier();
+}
+
+// Data-parallel ranks apply identical updates, so their weights must stay bit-identical;
+// a difference means a broken reduction and would make rank 0's checkpoint a lie. Each
+// rank's Σw² goes into its own entry of a zeroed vector, and the sum over ranks (adding
+// zeros is exact) gives every rank all of them.
+void Trainer::check_ranks_agree() {
+  const int ranks = communicator_->size();
+  if (ranks == 1) return;
+  std::vector<double> fingerprints(std::size_t(ranks), 0.0);
+  fingerprints[std::size_t(communicator_->rank())] = backend_->sum_of_squares(model_->parameters());
+  const OwnedTensor shared = allocate_tensor(*backend_, {ranks}, DType::f64);
+  backend_->copy_from_host(shared.tensor, fingerprints.data());
+  communicator_->all_reduce_sum(shared.tensor);
+  const std::unique_ptr<Fence> reduced = backend_->make_fence();
+  reduced->record();
+  communicator_->wait(*reduced);
+  backend_->copy_to_host(fingerprints.data(), shared.tensor);
+  for (int r = 1; r < ranks; ++r) {
+    if (fingerprints[std::size_t(r)] != fingerprints[0])
+      throw CommunicatorError(fmt::format("step {}: the weights of rank {} differ from rank 0's (sum of squares {} vs "
+                                          "{}); data-parallel ranks must stay identical",
+                                          state_.step, r, fingerprints[std::size_t(r)], fingerprints[0]));
+  }
 }
 
 double Trainer::evaluate() {
@@ -201,21 +255,37 @@ void Trainer::log_train(long step, double loss, double lr, double grad_norm, dou
 }
 
 TrainingSummary Trainer::train() {
+  try {
+    return train_steps();
+  } catch (...) {
+    // The other ranks may be inside a collective that waits for this one: end it for them.
+    communicator_->abort();
+    throw;
+  }
+}
+
+TrainingSummary Trainer::train_steps() {
   auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
   const TrainConfig& tc = config_.train;
-  const int accumulation = config_.grad_accumulation(1);
+  const int rank = communicator_->rank(), ranks = communicator_->size();
+  const int accumulation = config_.grad_accumulation(ranks);
   const int B = tc.micro_batch_size, T = tc.seq_len;
-  const double tokens_per_step = double(tc.batch_size) * T;
+  const double tokens_per_step = double(tc.batch_size) * T;  // all ranks together
   const double grad_scale = 1.0 / tokens_per_step;  // gradient of the mean loss over the global batch
   std::vector<std::int32_t> inputs(std::size_t(accumulation) * B * T), targets(inputs.size());
-  TrainStep train_step(*model_, *optimizer_, TrainStepShape{accumulation, B, T, grad_scale});
+  TrainStep train_step(*model_, *optimizer_, TrainStepShape{accumulation, B, T, grad_scale}, true,
+                       communicator_.get());
 
   TrainingSummary summary;
   const auto start = Clock::now();
   auto window_start = Clock::now();
   long window_steps = 0;
   long last_saved_step = -1;
-  if (state_.step == 0 && val_sampler_ && tc.eval_every > 0) {
+  // One rank's signal stops every rank, at the same step: the ranks' stop votes travel with
+  // each step's reduction and are read with its results.
+  bool stop_agreed = false;
+  const auto stop_requested = [&] { return ranks > 1 ? stop_agreed : g_stop_signal.load() != 0; };
+  if (is_root() && state_.step == 0 && val_sampler_ && tc.eval_every > 0) {
     state_.last_val_loss = evaluate();
     logger.info("step 0 | val loss {:.4f}", state_.last_val_loss);
     append_metrics({{"event", "eval"}, {"step", 0}, {"val_loss", state_.last_val_loss}});
@@ -236,6 +306,7 @@ TrainingSummary Trainer::train() {
   };
   const auto finish = [&](const Enqueued& done) {
     const TrainStepResult result = train_step.result(done.step);
+    if (result.stop_votes > 0) stop_agreed = true;
     const double loss = result.loss_sum / tokens_per_step;
     summary.last_train_loss = loss;
     ++window_steps;
@@ -270,7 +341,7 @@ TrainingSummary Trainer::train() {
       window_start = Clock::now();
       window_steps = 0;
     }
-    if (val_sampler_ && ((tc.eval_every > 0 && done.step % tc.eval_every == 0) || done.step == tc.steps)) {
+    if (is_root() && val_sampler_ && ((tc.eval_every > 0 && done.step % tc.eval_every == 0) || done.step == tc.steps)) {
       state_.last_val_loss = evaluate();
       summary.last_val_loss = state_.last_val_loss;
       logger.info("step {} | val loss {:.4f} | val ppl {:.2f}", done.step, state_.last_val_loss,
@@ -284,14 +355,14 @@ TrainingSummary Trainer::train() {
   };
 
   std::optional<Enqueued> unread;  // a quiet step whose results have not been read yet
-  while (state_.step < last_step && g_stop_signal.load() == 0) {
+  while (state_.step < last_step && !stop_requested()) {
     for (int micro = 0; micro < accumulation; ++micro) {
       const std::size_t offset = std::size_t(micro) * B * T;
-      train_sampler_->fill(state_.samples_consumed + std::uint64_t(micro) * B, B, inputs.data() + offset,
-                           targets.data() + offset);
+      train_sampler_->fill(micro_batch_first_sample(state_.samples_consumed, B, accumulation, rank, micro), B,
+                           inputs.data() + offset, targets.data() + offset);
     }
     const double lr = learning_rate(config_.optim, state_.step, tc.steps);
-    train_step.enqueue(inputs, targets, state_.step + 1, lr);
+    train_step.enqueue(inputs, targets, state_.step + 1, lr, g_stop_signal.load() != 0);
     state_.samples_consumed += std::uint64_t(tc.batch_size);
     state_.step += 1;
     const Enqueued now{state_.step, lr};
@@ -304,7 +375,8 @@ TrainingSummary Trainer::train() {
   }
   if (unread) finish(*unread);
 
-  const int stop_signal = g_stop_signal.load();
+  // A rank stopped by another rank's signal reports SIGTERM.
+  const int stop_signal = g_stop_signal.load() != 0 ? g_stop_signal.load() : stop_agreed ? SIGTERM : 0;
   summary.reason = stop_signal == SIGINT        ? StopReason::interrupted
                    : stop_signal == SIGTERM     ? StopReason::terminated
                    : state_.step < tc.steps     ? StopReason::stop_at_step

@@ -102,6 +102,12 @@ class CudaFence final : public Fence {
 
   void record() override { POPE_CUDA_CHECK(cudaEventRecord(event_, stream_)); }
   void wait() override { POPE_CUDA_CHECK(cudaEventSynchronize(event_)); }  // an unrecorded event returns at once
+  bool ready() override {
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaErrorNotReady) return false;
+    POPE_CUDA_CHECK(status);
+    return true;
+  }
 
  private:
   cudaStream_t stream_;
@@ -196,6 +202,7 @@ class CudaBackend final : public Backend {
   DeviceKind device() const override { return DeviceKind::cuda; }
   BackendDTypes dtypes() const override { return {DType::bf16, DType::f32, DType::f32}; }
   std::string description() const override { return description_; }
+  cudaStream_t stream() const { return stream_; }
 
   // ---- memory ---------------------------------------------------------------------------
 
@@ -647,5 +654,13 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+
+cudaStream_t cuda_backend_stream(Backend& backend) {
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda_backend == nullptr)
+    throw std::invalid_argument(fmt::format("cuda_backend_stream: backend {} is not the CUDA backend",
+                                            backend.description()));
+  return cuda_backend->stream();
+}
 
 }  // namespace pope

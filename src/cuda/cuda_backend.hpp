@@ -13,6 +13,8 @@
 // synchronises (synchronize, copy_to_host, sum_of_squares) as std::invalid_argument.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <memory>
 
 #include "pope/backend.hpp"
@@ -23,5 +25,9 @@ namespace pope {
 // memory and work there; use one backend (one device) per process, as data-parallel ranks
 // do. Throws std::runtime_error when `device_index` names no visible CUDA device.
 std::unique_ptr<Backend> make_cuda_backend(int device_index);
+
+// The stream a CUDA backend queues its work on, for work that must run in order with it (a
+// communicator's collectives). Throws std::invalid_argument for any other backend.
+cudaStream_t cuda_backend_stream(Backend& backend);
 
 }  // namespace pope

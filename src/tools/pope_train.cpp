@@ -1,6 +1,8 @@
-// pope-train: train a GPT with a pluggable positional encoding from a JSON config.
-// Exit codes: 0 finished, 1 runtime/data/checkpoint error, 2 usage or config error,
-// 3 aborted after repeated non-finite steps, 130/143 stopped by SIGINT/SIGTERM (checkpointed).
+// pope-train: train a GPT with a pluggable positional encoding from a JSON config, on one
+// process or data-parallel over GPUs (mpirun, torchrun-style or Slurm launch; see README).
+// Exit codes: 0 finished, 1 runtime/data/checkpoint/communication error, 2 usage, config or
+// launch-environment error, 3 aborted after repeated non-finite steps, 130/143 stopped by
+// SIGINT/SIGTERM (checkpointed).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -10,8 +12,10 @@
 #include <iostream>
 
 #include "pope/checkpoint.hpp"
+#include "pope/communicator.hpp"
 #include "pope/config.hpp"
 #include "pope/data.hpp"
+#include "pope/distributed.hpp"
 #include "pope/model.hpp"
 #include "pope/position.hpp"
 #include "pope/train.hpp"
@@ -22,7 +26,7 @@ constexpr int kExitRuntime = 1;
 constexpr int kExitConfig = 2;
 constexpr int kExitAborted = 3;
 
-int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_dir) {
+int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_dir, const pope::World& world) {
   const auto position = pope::make_position_encoding(config.model);
   const auto layout = pope::build_parameter_layout(config.model, *position);
   const auto& m = config.model;
@@ -33,9 +37,10 @@ int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_d
   std::printf("parameters: %lld (%.2fM), of which %.1fM in weight matrices (the paper's count); padded "
               "vocabulary rows excluded\n",
               static_cast<long long>(total), double(total) / 1e6, double(matrices) / 1e6);
-  std::printf("batch: %d sequences × %d tokens = %d tokens/step, micro-batch %d, accumulation %d\n",
+  std::printf("batch: %d sequences × %d tokens = %d tokens/step, micro-batch %d, accumulation %d, %d rank%s (%s)\n",
               config.train.batch_size, config.train.seq_len, config.train.batch_size * config.train.seq_len,
-              config.train.micro_batch_size, config.grad_accumulation(1));
+              config.train.micro_batch_size, config.grad_accumulation(world.size), world.size,
+              world.size == 1 ? "" : "s", pope::launcher_name(world.launcher));
   std::printf("run directory: %s\n", run_dir.string().c_str());
   return 0;
 }
@@ -45,9 +50,13 @@ int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_d
 int main(int argc, char** argv) {
   CLI::App app{"pope-train: train a GPT whose attention uses a pluggable positional encoding (RoPE, PoPE, ALiBi, "
                "NoPE).\nConfig keys are documented in configs/README.md."};
-  app.footer("Exit codes: 0 done (or --stop-at reached), 1 data/checkpoint/runtime error, 2 usage or config error,\n"
-             "3 aborted after train.max_nonfinite_steps non-finite steps, 130/143 stopped by SIGINT/SIGTERM\n"
-             "(the step finishes and a checkpoint is written; continue with --resume auto).");
+  app.footer("Multi-GPU: one process per GPU, e.g. mpirun -np 2 -x NCCL_NVLS_ENABLE=0 pope-train -c CONFIG, or\n"
+             "torchrun/srun-style RANK, WORLD_SIZE, LOCAL_RANK (or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) with\n"
+             "POPE_RENDEZVOUS=file:PATH; POPE_NCCL_TIMEOUT_S (default 300) bounds every wait for other ranks.\n"
+             "Exit codes: 0 done (or --stop-at reached), 1 data/checkpoint/runtime/communication error, 2 usage,\n"
+             "config or launch-environment error, 3 aborted after train.max_nonfinite_steps non-finite steps,\n"
+             "130/143 stopped by SIGINT/SIGTERM (the step finishes and a checkpoint is written; continue with\n"
+             "--resume auto).");
   std::string config_path, out_dir, resume, device, init_from;
   std::vector<std::string> overrides;
   bool dry_run = false, quiet = false;
@@ -74,16 +83,42 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitConfig;
   }
 
+  // In a world of several ranks every message names its rank, and a rank that fails ends
+  // the job: under mpirun through MPI_Abort (mpirun then stops every rank and names this
+  // one), otherwise the other ranks' communicators time out or see the abort.
+  pope::World world;
+  std::unique_ptr<pope::MpiSession> mpi;
+  const auto fail = [&](int code, const std::string& message) {
+    if (world.size > 1)
+      spdlog::error("rank {} of {}: {}", world.rank, world.size, message);
+    else
+      spdlog::error("{}", message);
+    if (mpi && world.size > 1) mpi->abort(code);
+    return code;
+  };
   try {
     if (!device.empty()) overrides.push_back("train.device=" + device);
     pope::RunConfig config = pope::load_config(config_path, overrides);
     std::filesystem::path run_dir = out_dir;
     if (run_dir.empty()) run_dir = config.out_dir;
     if (run_dir.empty()) run_dir = std::filesystem::path("runs") / pope::resolve_config_path(config_path).stem();
-    if (dry_run) return print_plan(config, run_dir);
+    const pope::EnvLookup env = pope::process_environment();
+    world = pope::detect_world(env);
+    if (dry_run) return print_plan(config, run_dir, world);
+
+    std::unique_ptr<pope::Rendezvous> rendezvous = pope::rendezvous_from_environment(world, env);
+    if (world.launcher == pope::Launcher::openmpi && pope::MpiSession::available()) {
+      mpi = std::make_unique<pope::MpiSession>(world);
+      if (!rendezvous) rendezvous = mpi->rendezvous();
+    }
+    config.grad_accumulation(world.size);  // a global batch the ranks cannot split is a config error
+    auto backend = pope::make_backend(config.train.device, "float", config.train.threads, world.local_rank);
+    auto communicator =
+        pope::make_communicator(world, *backend, rendezvous.get(), pope::communication_timeout(env));
 
     pope::Trainer::install_signal_handlers();
-    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet, stop_at, init_from});
+    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet, stop_at, init_from}, std::move(backend),
+                          std::move(communicator));
     const pope::TrainingSummary summary = trainer.train();
     switch (summary.reason) {
       case pope::StopReason::finished:
@@ -93,13 +128,12 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const pope::ConfigError& e) {
-    spdlog::error("config error: {}", e.what());
-    return kExitConfig;
+    return fail(kExitConfig, std::string("config error: ") + e.what());
+  } catch (const pope::LaunchError& e) {
+    return fail(kExitConfig, std::string("launch error: ") + e.what());
   } catch (const pope::TrainingAborted& e) {
-    spdlog::error("{}", e.what());
-    return kExitAborted;
+    return fail(kExitAborted, e.what());
   } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
-    return kExitRuntime;
+    return fail(kExitRuntime, e.what());
   }
 }

@@ -1,0 +1,64 @@
+// Collectives between data-parallel ranks, behind one interface so that the trainer never
+// sees NCCL: the single-process communicator does nothing, the NCCL one (CUDA builds with
+// NCCL) reduces GPU buffers in order with the backend's queued work.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+
+#include "pope/backend.hpp"
+#include "pope/distributed.hpp"
+#include "pope/tensor.hpp"
+
+namespace pope {
+
+// A collective that failed or did not finish in time (a rank died, hung, or NCCL reported
+// an error); the message names this rank and, where known, the cause.
+class CommunicatorError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // data (f32 or f64, in backend memory) = Σ over ranks of every rank's data, in place.
+  // Queued after the work already queued on the backend, without waiting; every rank must
+  // make the same calls in the same order.
+  virtual void all_reduce_sum(Tensor data) = 0;
+  // Waits for `fence` (recorded after collectives) while watching for failed ranks: throws
+  // CommunicatorError when the communication failed or the fence is not reached within the
+  // timeout, instead of blocking for ever.
+  virtual void wait(Fence& fence) = 0;
+  // Every rank has reached this call (it returns on none before all have), with the same
+  // error handling as wait().
+  virtual void barrier() = 0;
+  // Gives up on every pending collective after a local failure, so that the other ranks
+  // see an error rather than wait for this one. Never throws.
+  virtual void abort() noexcept = 0;
+};
+
+// Rank 0 of 1: nothing to reduce; wait() is the fence's own wait.
+class SingleProcessCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(Tensor) override {}
+  void wait(Fence& fence) override { fence.wait(); }
+  void barrier() override {}
+  void abort() noexcept override {}
+};
+
+// The communicator for `world` over `backend`'s device memory: the single-process one for a
+// world of 1, else NCCL, its unique id shared through `rendezvous` (a CUDA backend on the
+// rank's local device is required). Throws LaunchError when this build or backend cannot
+// run `world` (no NCCL, a CPU backend) and CommunicatorError when NCCL cannot connect the
+// ranks within `timeout`.
+std::unique_ptr<Communicator> make_communicator(const World& world, Backend& backend, Rendezvous* rendezvous,
+                                                std::chrono::duration<double> timeout);
+
+}  // namespace pope

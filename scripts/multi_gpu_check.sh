@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Data-parallel checks on a machine with two GPUs (run by hand there; CI has no GPU):
+#   1. parity: a small model for 30 steps on 1 GPU and on 2 ranks at the same global batch
+#      (mpirun, and the torchrun-style environment launch with a file rendezvous); the loss
+#      curves and final weights are compared (scripts/compare_runs.py), and the trainer itself
+#      checks at every checkpoint that the ranks' weights are bit-identical;
+#   2. faults: one rank killed (mpirun and environment launch) must end the job with an error
+#      within a bounded time; SIGTERM to mpirun must checkpoint;
+#   3. scaling: tokens/s of 124M and 774M, RoPE and PoPE, on 1 and 2 GPUs at the same global batch.
+# Prints a table last. Logs go to $OUT (or /tmp/pope_multi_gpu). Usage: scripts/multi_gpu_check.sh [scaling steps]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STEPS="${1:-20}"
+LOGS="${OUT:-/tmp/pope_multi_gpu}"
+RUNS=/tmp/pope_multi_gpu_runs
+mkdir -p "$LOGS"
+rm -rf "$RUNS" && mkdir -p "$RUNS"
+export PATH="/opt/torch/.venv/bin:$PATH" NCCL_NVLS_ENABLE=0 POPE_NCCL_TIMEOUT_S="${POPE_NCCL_TIMEOUT_S:-60}"
+TRAIN=build/gpu/src/pope-train
+MPIRUN=(mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x POPE_NCCL_TIMEOUT_S -x PATH)
+declare -a ROWS
+
+row() { ROWS+=("| $1 | $2 |"); }
+since() { python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$1"; }
+
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$LOGS/gpus.txt"
+if [ "$(wc -l <"$LOGS/gpus.txt")" -lt 2 ]; then echo "multi_gpu_check: needs 2 GPUs"; exit 77; fi
+if ! cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOGS/configure.log" 2>&1; then
+  tail -40 "$LOGS/configure.log"; exit 1
+fi
+grep "pope:" "$LOGS/configure.log"
+if ! cmake --build build/gpu -j "$(nproc)" --target pope-train pope_gpu_tests >"$LOGS/build.log" 2>&1; then
+  grep -E "error|FAILED" "$LOGS/build.log" | head -40; exit 1
+fi
+build/gpu/tests/pope_gpu_tests --gtest_filter='NcclCommunicator*' >"$LOGS/nccl_tests.log" 2>&1
+row "NCCL communicator GPU tests" "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/nccl_tests.log" | tr '\n' ' ')"
+[ -f data/demo/train.bin ] || { echo "multi_gpu_check: data/demo/train.bin is missing (scripts/fetch_data.sh)"; exit 1; }
+
+# Small model, 30 steps, global batch 16 = 4 × accumulation 4 (1 rank) or 4 × 2 × 2 ranks.
+SMALL=(--config configs/small_cpu.json --device cuda --set train.steps=30 --set train.batch_size=16
+       --set train.micro_batch_size=4 --set train.log_every=1 --set train.eval_every=0
+       --set train.checkpoint_every=10 --set optim.warmup_steps=5)
+
+# ---- 1. parity -------------------------------------------------------------------------
+for kind in pope rope; do
+  $TRAIN "${SMALL[@]}" --set model.position.kind=$kind --out "$RUNS/one_$kind" >"$LOGS/parity_one_$kind.log" 2>&1
+  "${MPIRUN[@]}" $TRAIN "${SMALL[@]}" --set model.position.kind=$kind --out "$RUNS/mpi_$kind" \
+    >"$LOGS/parity_mpi_$kind.log" 2>&1
+  rc=$?
+  result=$(python3 scripts/compare_runs.py "$RUNS/one_$kind" "$RUNS/mpi_$kind" 2>&1)
+  row "parity $kind: 1 GPU vs mpirun -np 2 (exit $rc)" "$result"
+done
+# The same without MPI: RANK/WORLD_SIZE/LOCAL_RANK and a file rendezvous.
+rendezvous="$RUNS/rendezvous_parity"
+pids=()
+for rank in 0 1; do
+  RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank POPE_RENDEZVOUS="file:$rendezvous" \
+    $TRAIN "${SMALL[@]}" --out "$RUNS/env_pope" >"$LOGS/parity_env_rank$rank.log" 2>&1 &
+  pids+=($!)
+done
+rcs=""; for pid in "${pids[@]}"; do wait "$pid"; rcs="$rcs $?"; done
+row "parity pope: 1 GPU vs env launch, file rendezvous (exit$rcs)" \
+  "$(python3 scripts/compare_runs.py "$RUNS/one_pope" "$RUNS/env_pope" 2>&1)"
+
+# ---- 2. faults -------------------------------------------------------------------------
+LONG=(--config configs/small_cpu.json --device cuda --set train.steps=100000 --set train.log_every=1
+      --set train.eval_every=0 --set train.checkpoint_every=0)
+wait_for_step() {  # run dir, step: waits (≤ 120 s) until metrics.jsonl logs that step
+  for _ in $(seq 600); do
+    grep -q "\"step\":$2[,}]" "$1/metrics.jsonl" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  return 1
+}
+wait_bounded() {  # pid, seconds: sets RC to its exit code, or to HUNG (and kills it) after that long
+  RC=HUNG
+  for _ in $(seq $(($2 * 5))); do
+    if ! kill -0 "$1" 2>/dev/null; then wait "$1"; RC=$?; return; fi
+    sleep 0.2
+  done
+  kill -9 "$1" 2>/dev/null; wait "$1" 2>/dev/null
+}
+rank_pid() {  # out dir, rank: the pid of that mpirun rank
+  for pid in $(pgrep -f "pope-train.*$1"); do
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$pid"; return; }
+  done
+}
+
+"${MPIRUN[@]}" $TRAIN "${LONG[@]}" --out "$RUNS/fault_mpi" >"$LOGS/fault_mpi.log" 2>&1 &
+launcher=$!
+wait_for_step "$RUNS/fault_mpi" 5
+victim=$(rank_pid "$RUNS/fault_mpi" 1)
+start=$(date +%s.%N)
+kill -9 "$victim"
+wait_bounded "$launcher" 120; rc=$RC
+row "fault: rank 1 killed under mpirun" \
+  "mpirun exit $rc after $(since "$start") s; $(grep -m1 -oE "(process rank|rank) 1[^\"]{0,80}" "$LOGS/fault_mpi.log")"
+
+rendezvous="$RUNS/rendezvous_fault"
+pids=()
+for rank in 0 1; do
+  RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank POPE_RENDEZVOUS="file:$rendezvous" POPE_NCCL_TIMEOUT_S=30 \
+    $TRAIN "${LONG[@]}" --out "$RUNS/fault_env" >"$LOGS/fault_env_rank$rank.log" 2>&1 &
+  pids+=($!)
+done
+wait_for_step "$RUNS/fault_env" 5
+start=$(date +%s.%N)
+kill -9 "${pids[1]}"
+wait_bounded "${pids[0]}" 120; rc=$RC
+row "fault: rank 1 killed, env launch (timeout 30 s)" \
+  "rank 0 exit $rc after $(since "$start") s: $(grep -m1 -oE "rank 0 of 2: .{0,160}" "$LOGS/fault_env_rank0.log")"
+
+"${MPIRUN[@]}" $TRAIN "${LONG[@]}" --out "$RUNS/sigterm_mpi" >"$LOGS/sigterm_mpi.log" 2>&1 &
+launcher=$!
+wait_for_step "$RUNS/sigterm_mpi" 5
+kill -TERM "$launcher"
+wait_bounded "$launcher" 120; rc=$RC
+row "SIGTERM to mpirun" "exit $rc, checkpoint: $(ls "$RUNS/sigterm_mpi/checkpoints" 2>/dev/null | tail -1 || echo none)"
+
+# ---- 3. scaling ------------------------------------------------------------------------
+tokens_per_second() {  # run dir: the last logged window's tokens/s
+  python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; \
+t=[x for x in r if x['event']=='train']; print(f\"{t[-1]['tokens_per_second']:.0f}\")" "$1/metrics.jsonl" 2>/dev/null \
+    || echo 0
+}
+for size in 124m 774m; do
+  micro=32; [ $size = 774m ] && micro=16
+  for kind in rope pope; do
+    ARGS=(--config configs/owt_$size.json --device cuda --set data.train=data/demo/train.bin
+          --set data.val=data/demo/val.bin --set model.position.kind=$kind --set train.steps="$STEPS"
+          --set train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=0
+          --set train.micro_batch_size=$micro --set train.batch_size=$((2 * micro)))
+    $TRAIN "${ARGS[@]}" --out "$RUNS/scale_one_${size}_$kind" >"$LOGS/scale_one_${size}_$kind.log" 2>&1
+    "${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --out "$RUNS/scale_two_${size}_$kind" >"$LOGS/scale_two_${size}_$kind.log" 2>&1
+    one=$(tokens_per_second "$RUNS/scale_one_${size}_$kind")
+    two=$(tokens_per_second "$RUNS/scale_two_${size}_$kind")
+    row "scaling $size $kind, global batch $((2 * micro)) × 1024" \
+      "1 GPU $one tok/s, 2 GPUs $two tok/s, ×$(python3 -c "print(f'{$two / max($one, 1):.2f}')")"
+  done
+done
+
+echo
+echo "| check | result |"
+echo "|---|---|"
+printf '%s\n' "${ROWS[@]}"

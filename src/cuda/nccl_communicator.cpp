@@ -1,0 +1,187 @@
+// NCCL collectives on the CUDA backend's stream. The communicator is non-blocking (NCCL's
+// `blocking = 0`): initialisation and every call return at once and their progress is
+// polled here together with ncclCommGetAsyncError and a deadline, so that a rank whose
+// peer died or hangs stops with an error naming itself after POPE_NCCL_TIMEOUT_S instead of
+// waiting for ever; on any failure the communicator is aborted so that pending work ends.
+#include "cuda/nccl_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <thread>
+
+#include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_check.hpp"
+
+namespace pope {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const World& world, Backend& backend, Rendezvous& rendezvous, std::chrono::duration<double> timeout)
+      : world_(world), stream_(cuda_backend_stream(backend)), timeout_(timeout) {
+    ncclUniqueId id{};
+    if (world.is_root()) check_call(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    const std::string shared = rendezvous.share_from_root(std::string(reinterpret_cast<const char*>(&id), sizeof id));
+    if (shared.size() != sizeof id)
+      throw CommunicatorError(fmt::format("rank {}: the rendezvous delivered {} bytes, expected NCCL's {}-byte unique id",
+                                          world.rank, shared.size(), sizeof id));
+    std::memcpy(&id, shared.data(), sizeof id);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t started = ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config);
+    settle(started, "ncclCommInitRankConfig (connecting the ranks)");
+    rendezvous.complete();  // every rank has joined, so every rank has read the id
+    POPE_CUDA_CHECK(cudaMalloc(&barrier_value_, sizeof(float)));
+    POPE_CUDA_CHECK(cudaMemset(barrier_value_, 0, sizeof(float)));  // only its arrival matters, but keep it finite
+    POPE_CUDA_CHECK(cudaEventCreateWithFlags(&barrier_done_, cudaEventDisableTiming));
+  }
+
+  ~NcclCommunicator() override {
+    cudaEventDestroy(barrier_done_);
+    cudaFree(barrier_value_);
+    if (comm_ == nullptr) return;
+    // Destroyed while an exception unwinds (a failure on this rank): the other ranks may
+    // never reach the next collective, so give up at once rather than flush.
+    if (std::uncaught_exceptions() > 0) {
+      abort();
+      return;
+    }
+    // Flush what is queued, then free; a communicator that cannot finish in time is aborted
+    // (a destructor must neither throw nor hang).
+    try {
+      settle(ncclCommFinalize(comm_), "ncclCommFinalize");
+      ncclCommDestroy(comm_);
+      comm_ = nullptr;
+    } catch (const CommunicatorError&) {
+    }
+    abort();
+  }
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return world_.rank; }
+  int size() const override { return world_.size; }
+
+  void all_reduce_sum(Tensor data) override {
+    if (data.device != DeviceKind::cuda || (data.dtype != DType::f32 && data.dtype != DType::f64))
+      throw std::invalid_argument(fmt::format("all_reduce_sum: a {} {} tensor; expected f32 or f64 in CUDA memory",
+                                              data.device == DeviceKind::cuda ? "CUDA" : "host",
+                                              dtype_name(data.dtype)));
+    require_open("all_reduce_sum");
+    const ncclDataType_t type = data.dtype == DType::f32 ? ncclFloat32 : ncclFloat64;
+    settle(ncclAllReduce(data.data, data.data, std::size_t(data.numel()), type, ncclSum, comm_, stream_),
+           "ncclAllReduce");
+  }
+
+  void wait(Fence& fence) override {
+    watch([&] { return fence.ready(); }, "waiting for a step's collectives");
+  }
+
+  void barrier() override {
+    require_open("barrier");
+    settle(ncclAllReduce(barrier_value_, barrier_value_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+    POPE_CUDA_CHECK(cudaEventRecord(barrier_done_, stream_));
+    watch(
+        [&] {
+          const cudaError_t status = cudaEventQuery(barrier_done_);
+          if (status == cudaErrorNotReady) return false;
+          POPE_CUDA_CHECK(status);
+          return true;
+        },
+        "barrier");
+  }
+
+  void abort() noexcept override {
+    if (comm_ == nullptr) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  void require_open(const char* what) const {
+    if (comm_ == nullptr)
+      throw CommunicatorError(fmt::format("rank {}: {} after the communicator was aborted", world_.rank, what));
+  }
+
+  // Polls `done` until it holds, failing on an asynchronous NCCL error or the deadline.
+  void watch(const std::function<bool()>& done, const char* what) {
+    require_open(what);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
+    for (;;) {
+      if (done()) return;
+      ncclResult_t state = ncclSuccess;
+      check_call(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      if (state != ncclSuccess && state != ncclInProgress) fail(state, what);
+      if (Clock::now() > deadline) timed_out(what);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // A non-blocking call returns ncclInProgress while NCCL still works on it in the
+  // background; the next call may only be made once it has settled.
+  void settle(ncclResult_t result, const char* what) {
+    if (result != ncclInProgress) {
+      check_call(result, what);
+      return;
+    }
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      check_call(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(state, what);
+      if (Clock::now() > deadline) timed_out(what);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void check_call(ncclResult_t result, const char* what) {
+    if (result != ncclSuccess) fail(result, what);
+  }
+
+  [[noreturn]] void fail(ncclResult_t result, const char* what) {
+    const char* detail = ncclGetLastError(comm_);  // this thread's last NCCL error message
+    const std::string message = fmt::format(
+        "rank {} of {}: {} failed: NCCL {}{}{}", world_.rank, world_.size, what, ncclGetErrorString(result),
+        detail != nullptr && *detail != '\0' ? fmt::format(" ({})", detail) : std::string(),
+        result == ncclRemoteError || result == ncclSystemError
+            ? "; another rank probably failed or was killed: look for its own 'rank N' error"
+            : "");
+    abort();
+    throw CommunicatorError(message);
+  }
+
+  [[noreturn]] void timed_out(const char* what) {
+    const std::string message = fmt::format(
+        "rank {} of {}: {} did not finish within {:.0f} s (POPE_NCCL_TIMEOUT_S); another rank is probably dead, "
+        "hung or much slower: look for its own 'rank N' error",
+        world_.rank, world_.size, what, timeout_.count());
+    abort();
+    throw CommunicatorError(message);
+  }
+
+  World world_;
+  cudaStream_t stream_;
+  std::chrono::duration<double> timeout_;
+  ncclComm_t comm_ = nullptr;
+  float* barrier_value_ = nullptr;
+  cudaEvent_t barrier_done_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const World& world, Backend& backend, Rendezvous& rendezvous,
+                                                     std::chrono::duration<double> timeout) {
+  return std::make_unique<NcclCommunicator>(world, backend, rendezvous, timeout);
+}
+
+}  // namespace pope

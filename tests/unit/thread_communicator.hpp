@@ -1,0 +1,59 @@
+// A Communicator between threads of one process over CPU-backend tensors, so that the
+// data-parallel trainer (several ranks, one model each) is tested without GPUs or NCCL.
+// Sums run in rank order, so every rank gets bit-identical results, as NCCL's do.
+#pragma once
+
+#include <barrier>
+#include <memory>
+#include <vector>
+
+#include "pope/communicator.hpp"
+
+namespace pope::testing {
+
+// State shared by the ranks of one thread world.
+struct ThreadWorld {
+  explicit ThreadWorld(int size) : size(size), sync(size), contributions(std::size_t(size)) {}
+  int size;
+  std::barrier<> sync;
+  std::vector<Tensor> contributions;  // each rank's tensor during an all-reduce
+};
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<ThreadWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return world_->size; }
+
+  void all_reduce_sum(Tensor data) override {
+    world_->contributions[std::size_t(rank_)] = data;
+    world_->sync.arrive_and_wait();  // every rank has published its tensor
+    std::vector<double> sum(std::size_t(data.numel()), 0.0);
+    for (const Tensor& part : world_->contributions)
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += element(part, i);
+    world_->sync.arrive_and_wait();  // every rank has read every tensor
+    for (std::size_t i = 0; i < sum.size(); ++i) {
+      if (data.dtype == DType::f32)
+        data.as<float>()[i] = float(sum[i]);
+      else
+        data.as<double>()[i] = sum[i];
+    }
+  }
+  void wait(Fence& fence) override { fence.wait(); }
+  void barrier() override { world_->sync.arrive_and_wait(); }
+  // Leaves the world, so that the other threads' barriers stop waiting for this one.
+  void abort() noexcept override {
+    if (!aborted_) world_->sync.arrive_and_drop();
+    aborted_ = true;
+  }
+
+ private:
+  static double element(const Tensor& t, std::size_t i) {
+    return t.dtype == DType::f32 ? double(t.as<float>()[i]) : t.as<double>()[i];
+  }
+  std::shared_ptr<ThreadWorld> world_;
+  int rank_;
+  bool aborted_ = false;
+};
+
+}  // namespace pope::testing
