@@ -1,7 +1,8 @@
-// The PJ-bias kernels (kernels/attention/pj_bias.*) against the CPU encoding: the [H, T]
-// bias table and every parameter gradient from random diagonal sums Ĝ, for both ρ, several
-// sector masks and orders, and lengths that are not multiples of the kernels' 256-lag blocks;
-// the backward must be bitwise reproducible.
+// The PJ-bias kernels (kernels/attention/pj_bias.*), driven through cuda/pj_bias_layer from a
+// composed method as AttentionRunner would, against the CPU encoding: the [H, T] bias table
+// and every parameter gradient from random diagonal sums Ĝ, for both ρ, several sector masks
+// and orders, and lengths that are not multiples of the kernels' 256-lag blocks; the backward
+// must be bitwise reproducible.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_device.hpp"
+#include "cuda/pj_bias_layer.hpp"
 
 namespace {
 
@@ -23,10 +25,6 @@ using namespace pope;
 // f32, in another order than the CPU's.
 constexpr double kTableTolerance = 1e-6;
 constexpr double kGradientTolerance = 1e-5;
-
-static_assert(kernels::kPjBiasMaxOrder == kMaxPjOrder, "the CUDA PJ-bias bound must match the CPU's");
-static_assert(int(kernels::kPjSlotCount) == int(kPjParamCount) && int(kernels::kPjSlotLcIm) == int(kPjLcIm),
-              "the CUDA slots must follow PjParam");
 
 // A device copy of a host f32 vector, freed with the object.
 class DeviceBuffer {
@@ -91,18 +89,14 @@ TEST_P(CudaPjBias, TableAndGradientsMatchTheCpuEncoding) {
   PjConfig config;
   config.order = c.order;
   config.rho = c.rho;
-  const PjBiasEncoding cpu(config, c.sectors, kTrainLength);
+  // "fj_lc"-like methods: NoPE q/k plus the bias; the bridge must find the bias inside.
+  const ComposedEncoding cpu("case", std::make_unique<NopeEncoding>(),
+                             std::make_unique<PjBiasEncoding>(config, c.sectors, kTrainLength));
   const auto specs = cpu.layer_parameters(kHeads, 64);
 
   std::vector<std::vector<float>> params, cpu_grads;
   std::vector<std::unique_ptr<DeviceBuffer>> device_params, device_grads;
-  kernels::PjBiasParams gpu;
-  kernels::PjBiasGradients gpu_grads;
-  gpu.n_head = kHeads;
-  gpu.order = c.order;
-  gpu.train_length = kTrainLength;
-  gpu.lightcone_rho = c.rho == "lightcone";
-  for (int k = 0; k < 3; ++k) gpu.sector_enabled[k] = c.sectors[k];
+  std::vector<float*> device_param_pointers, device_grad_pointers;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     params.push_back(random_floats(static_cast<std::size_t>(shape_numel(specs[i].shape)), 10 + i));
     if (i == kPjOmega)
@@ -110,8 +104,8 @@ TEST_P(CudaPjBias, TableAndGradientsMatchTheCpuEncoding) {
     cpu_grads.emplace_back(params[i].size(), 0.5f);  // gradients accumulate onto what is there
     device_params.push_back(std::make_unique<DeviceBuffer>(params[i]));
     device_grads.push_back(std::make_unique<DeviceBuffer>(cpu_grads[i]));
-    gpu.values[i] = device_params[i]->data();
-    gpu_grads.values[i] = device_grads[i]->data();
+    device_param_pointers.push_back(device_params[i]->data());
+    device_grad_pointers.push_back(device_grads[i]->data());
   }
   std::vector<const float*> values;
   std::vector<float*> grads;
@@ -127,6 +121,10 @@ TEST_P(CudaPjBias, TableAndGradientsMatchTheCpuEncoding) {
   ctx.train_length = kTrainLength;
   ctx.n_head = kHeads;
   ctx.head_dim = 64;
+  const auto layer = cuda::pj_bias_layer(cpu, ctx, device_param_pointers, device_grad_pointers);
+  ASSERT_TRUE(layer.has_value());
+  const kernels::PjBiasParams& gpu = layer->params;
+  kernels::PjBiasGradients gpu_grads = layer->gradients;
   std::vector<float> want_table(std::size_t(kHeads) * T);
   for (int h = 0; h < kHeads; ++h) cpu.score_bias(ctx, h, values, want_table.data() + std::size_t(h) * T);
   DeviceBuffer table(std::vector<float>(want_table.size(), std::nanf("")));
@@ -164,6 +162,30 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"lightcone", {true, true, true}, 2, 513}, Case{"linear", {false, true, false}, 3, 257},
                       Case{"lightcone", {true, false, true}, 0, 1000}, Case{"linear", {false, true, true}, 15, 200}),
     [](const auto& info) { return case_name(info.param); });
+
+TEST(CudaPjBiasLayer, FindsTheBiasOnlyInComposedMethods) {
+  // Host-only: no GPU needed to describe a layer.
+  PjConfig config;
+  const ComposedEncoding rope_affine("rope_affine", std::make_unique<RopeEncoding>(RopeConfig{}),
+                                     std::make_unique<PjBiasEncoding>(config, PjSectorMask{false, true, false}, 32));
+  PositionContext ctx;
+  ctx.n_head = 2;
+  ctx.head_dim = 8;
+  std::vector<float> storage(kPjParamCount);
+  std::vector<float*> pointers;
+  for (float& s : storage) pointers.push_back(&s);
+  const auto layer = cuda::pj_bias_layer(rope_affine, ctx, pointers);
+  ASSERT_TRUE(layer.has_value());
+  EXPECT_EQ(layer->params.order, 3);
+  EXPECT_EQ(layer->params.train_length, 32);
+  EXPECT_FALSE(layer->params.sector_enabled[0]);
+  EXPECT_TRUE(layer->params.sector_enabled[1]);
+  EXPECT_EQ(layer->params.values[kPjLcIm], &storage[kPjLcIm]);
+  EXPECT_EQ(layer->gradients.values[0], nullptr);
+  pointers.pop_back();
+  EXPECT_THROW(cuda::pj_bias_layer(rope_affine, ctx, pointers), std::invalid_argument);
+  EXPECT_FALSE(cuda::pj_bias_layer(NopeEncoding{}, ctx, {}).has_value());
+}
 
 TEST(CudaPjBiasArguments, RejectsInvalidParameters) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
