@@ -50,11 +50,26 @@ struct AlibiConfig {
   double head_fraction = 1.0;      // share of heads with a slope (Table 9: 0.5); the rest NoPE
 };
 
+// PJ-RoPE (spec positional-encodings.md, section 5): the PJ-bias options and the PJ-rotary
+// transform options. Which bias sectors are on follows from model.position.kind.
+struct PjConfig {
+  int order = 3;                      // jet order K of the PJ-bias (orders 0..K)
+  std::string rho = "linear";         // linear | lightcone   (affine sector's ρ(Δ))
+  std::string gate_init = "affine";   // affine | uniform | alibi | zero
+  int rotary_order = 1;               // jet order K of PJ-rotary (0 = RoPE, adjacent pairs)
+  double rotary_eta = 1.0;            // shear rate η: c_p = η·p/L_train
+  double rotary_base = 10000.0;       // block frequencies base^(−m/M)
+};
+
 struct PositionConfig {
-  std::string kind = "pope";       // nope | rope | pope | alibi  (PJ-RoPE methods later)
+  // nope | rope | pope | alibi | none | rope_pi | rope_ntk | rope_yarn | rope_ntk_affine |
+  // rope_yarn_affine | pj_rotary | affine | fj_affine | fj_lc | rope_affine | full | lc_affine |
+  // pjrope (= full); see core/position_methods.hpp
+  std::string kind = "pope";
   RopeConfig rope;
   PopeConfig pope;
   AlibiConfig alibi;
+  PjConfig pj;
 };
 
 struct ModelConfig {

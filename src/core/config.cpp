@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config_schema.hpp"
+#include "core/position_methods.hpp"
 #include "pope/config.hpp"
 
 namespace pope {
@@ -110,7 +111,9 @@ void check_position(const ModelConfig& model, const std::string& source) {
          fmt::format("expected more than yarn_alpha ({}), found {}", scaling.yarn_alpha, scaling.yarn_beta),
          source);
   }
-  if (position.kind == "rope") {
+  const PositionMethod* method = find_position_method(position.kind);
+  if (method == nullptr) return;  // the key's own check names the allowed kinds
+  if (method->transform == MethodTransform::rope) {
     // The rotating channels are split into two halves (NeoX pairing): an even whole number.
     const double rotating = position.rope.fraction * model.head_dim();
     const std::optional<long> channels = as_whole_number(rotating);
@@ -121,7 +124,23 @@ void check_position(const ModelConfig& model, const std::string& source) {
            source);
     }
   }
-  if (position.kind == "alibi") {
+  if (method->transform == MethodTransform::rope && !method->rope_scaling.empty() && scaling.kind != "none" &&
+      scaling.kind != method->rope_scaling) {
+    fail("model.position.rope.scaling.kind",
+         fmt::format("kind '{}' uses the scaling '{}'; expected none or {}, found '{}'", method->name,
+                     method->rope_scaling, method->rope_scaling, scaling.kind),
+         source);
+  }
+  if (method->transform == MethodTransform::pj_rotary) {
+    const int block_width = 2 * (position.pj.rotary_order + 1);
+    if (model.head_dim() % block_width != 0) {
+      fail("model.position.pj.rotary_order",
+           fmt::format("expected blocks of 2(rotary_order + 1) = {} dims to divide the head dim {}", block_width,
+                       model.head_dim()),
+           source);
+    }
+  }
+  if (method->alibi) {
     const double heads = position.alibi.head_fraction * model.n_head;
     if (!as_whole_number(heads)) {
       fail("model.position.alibi.head_fraction",
@@ -133,15 +152,18 @@ void check_position(const ModelConfig& model, const std::string& source) {
 }
 
 // Training windows longer than L_train only make sense for encodings that do not depend on
-// it: NoPE, ALiBi and PoPE extrapolate as they are, RoPE only with a scaling (PI/NTK/YaRN
-// fine-tuning at 4096 on a 1024 model).
+// it: NoPE, ALiBi, PoPE and the PJ methods extrapolate as they are, RoPE (alone or under a
+// bias) only with a scaling (PI/NTK/YaRN fine-tuning at 4096 on a 1024 model).
 void check_window(const RunConfig& config, const std::string& source) {
   const PositionConfig& position = config.model.position;
-  const bool length_free = position.kind != "rope" || position.rope.scaling.kind != "none";
+  const PositionMethod* method = find_position_method(position.kind);
+  const bool unscaled_rope = method != nullptr && method->transform == MethodTransform::rope &&
+                             method->rope_scaling.empty() && position.rope.scaling.kind == "none";
+  const bool length_free = !unscaled_rope;
   if (!length_free && config.train.seq_len > config.model.context_length) {
     fail("train.seq_len",
-         fmt::format("expected at most model.context_length ({}) for rope without a scaling, found {}",
-                     config.model.context_length, config.train.seq_len),
+         fmt::format("expected at most model.context_length ({}) for kind {} (rope without a scaling), found {}",
+                     config.model.context_length, position.kind, config.train.seq_len),
          source);
   }
 }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/position_methods.hpp"
+
 #include <fmt/format.h>
 
 namespace pope::config_schema {
@@ -23,6 +25,14 @@ Range fraction() { return {.min = 0.0, .min_exclusive = true, .max = 1.0, .max_e
 Range decay_rate() { return {.min = 0.0, .min_exclusive = false, .max = 1.0, .max_exclusive = true}; }
 // Any value of the member's type (integers are still checked to fit it).
 Range any() { return {}; }
+// [lo, hi]
+Range between(double lo, double hi) { return {.min = lo, .min_exclusive = false, .max = hi, .max_exclusive = false}; }
+
+std::vector<std::string_view> position_kinds() {
+  std::vector<std::string_view> kinds;
+  for (const PositionMethod& method : position_methods()) kinds.push_back(method.name);
+  return kinds;
+}
 
 std::vector<Field> make_fields() {
   return {
@@ -34,7 +44,7 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(model.context_length), at_least(1)},
       {POPE_CONFIG_KEY(model.norm_eps), above(0)},
       {POPE_CONFIG_KEY(model.init_std), above(0)},
-      {POPE_CONFIG_KEY(model.position.kind), any(), {"nope", "rope", "pope", "alibi"}},
+      {POPE_CONFIG_KEY(model.position.kind), any(), position_kinds()},
       {POPE_CONFIG_KEY(model.position.rope.base), above(1)},
       {POPE_CONFIG_KEY(model.position.rope.fraction), fraction()},
       {POPE_CONFIG_KEY(model.position.rope.scaling.kind), any(), {"none", "pi", "ntk", "dynamic_ntk", "yarn"}},
@@ -48,6 +58,12 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(model.position.pope.delta_init), any(), {"zero", "uniform"}},
       {POPE_CONFIG_KEY(model.position.pope.scale), any(), {"inv_sqrt_d", "inv_sqrt_2d"}},
       {POPE_CONFIG_KEY(model.position.alibi.head_fraction), fraction()},
+      {POPE_CONFIG_KEY(model.position.pj.order), between(0, kMaxPjOrder)},
+      {POPE_CONFIG_KEY(model.position.pj.rho), any(), {"linear", "lightcone"}},
+      {POPE_CONFIG_KEY(model.position.pj.gate_init), any(), {"affine", "uniform", "alibi", "zero"}},
+      {POPE_CONFIG_KEY(model.position.pj.rotary_order), between(0, kMaxPjOrder)},
+      {POPE_CONFIG_KEY(model.position.pj.rotary_eta), at_least(0)},
+      {POPE_CONFIG_KEY(model.position.pj.rotary_base), above(1)},
       {POPE_CONFIG_KEY(data.train)},
       {POPE_CONFIG_KEY(data.val)},
       {POPE_CONFIG_KEY(optim.lr), at_least(0)},

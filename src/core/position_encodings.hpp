@@ -6,11 +6,14 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "pj_bias_math.hpp"
 #include "pope/config.hpp"
 #include "pope/position.hpp"
+#include "position_methods.hpp"
 
 namespace pope {
 
@@ -104,6 +107,110 @@ class AlibiEncoding final : public PositionEncodingImpl<AlibiEncoding> {
 
  private:
   AlibiConfig config_;
+};
+
+// PJ-bias (spec 5.1): b_h(Δ) = g_FJ·FJ_h(Δ) + g_A·A_h(Δ) + g_LC·LC_h(Δ), gates a softmax over
+// the enabled sectors (disabled ones exactly 0). No q/k transform: it is composed with one
+// (ComposedEncoding). Every layer has all kPjParamCount parameters whatever the sectors, so
+// checkpoints, the diagnostics and the CUDA kernels see one layout; parameters of disabled
+// sectors receive zero gradient and keep their init. The bias is evaluated in double and
+// stored in the table's precision.
+class PjBiasEncoding final : public PositionEncodingImpl<PjBiasEncoding> {
+ public:
+  // train_length is L_train (the bias's L and the ω / ALiBi-slope init); throws ConfigError
+  // naming model.position.pj.* for bad options.
+  PjBiasEncoding(const PjConfig& config, PjSectorMask sectors, int train_length);
+
+  std::string kind() const override { return "pj_bias"; }
+  bool has_score_bias() const override { return true; }
+  std::vector<ParamSpec> layer_parameters(int n_head, int head_dim) const override;
+  void initialize_custom(std::size_t param_index, std::span<double> values, int n_head, int head_dim) const override;
+
+  int order() const { return config_.order; }
+  PjRho rho() const { return rho_; }
+  const PjSectorMask& sectors() const { return sectors_; }
+  int train_length() const { return train_length_; }
+  // The initial gate logits γ of gate_init (the same for every head).
+  std::array<double, kPjSectorCount> initial_gate_logits() const;
+
+  template <class Real>
+  void bias(const PositionContext& ctx, int head, ParamValues<Real> params, Real* table) const;
+  template <class Real>
+  void bias_backward(const PositionContext& ctx, int head, ParamValues<Real> params, const Real* diag_grad,
+                     ParamGrads<Real> dparams) const;
+
+ private:
+  PjConfig config_;
+  PjSectorMask sectors_;
+  PjRho rho_;
+  int train_length_;
+};
+
+// PJ-rotary (spec 5.2): each head's d dims form M = d/(2(K+1)) blocks of K+1 complex
+// channels z_r = (x_{2r}, x_{2r+1}); block m turns with ω_m = base^(−m/M) and shears with
+// c_p = η·p/L_train. Queries get G(t) = e^{iωt}·exp(c_t N), keys G(s)^{−H} = e^{iωs}·exp(−c_s Nᵀ),
+// so <q̃_t, k̃_s> depends on t − s only. K = 0 is RoPE with adjacent pairs. No parameters;
+// computed in double per row and stored in the row's precision (norms grow like c_p^K/K!,
+// at most a few units at the lengths we train and evaluate).
+class PjRotaryEncoding final : public PositionEncodingImpl<PjRotaryEncoding> {
+ public:
+  explicit PjRotaryEncoding(const PjConfig& config);  // throws ConfigError naming model.position.pj.*
+
+  std::string kind() const override { return "pj_rotary"; }
+  bool transforms_qk() const override { return true; }
+
+  int order() const { return config_.rotary_order; }
+  // M for this head_dim; throws ConfigError naming model.position.pj.rotary_order unless
+  // 2(K+1) divides head_dim.
+  int blocks(int head_dim) const;
+  // ω_m, m = 0..M−1.
+  std::vector<double> frequencies(int head_dim) const;
+
+  template <class Real>
+  void transform(const QkTransformArgs<Real>& args) const;
+  template <class Real>
+  void transform_backward(const QkTransformBackwardArgs<Real>& args) const;
+
+ private:
+  PjConfig config_;
+};
+
+// A method of spec 5.3 made of two encodings: the q/k transform and softmax scale of
+// `transform`, the score bias of `bias`. Parameters are the transform's then the bias's;
+// their names must differ. The backends see one encoding; a backend that needs the parts
+// (the CUDA path) reaches them through transform_part() / bias_part().
+class ComposedEncoding final : public PositionEncodingImpl<ComposedEncoding> {
+ public:
+  ComposedEncoding(std::string name, std::unique_ptr<PositionEncoding> transform,
+                   std::unique_ptr<PositionEncoding> bias);
+
+  std::string kind() const override { return name_; }
+  bool transforms_qk() const override { return transform_->transforms_qk(); }
+  int qk_width(int head_dim) const override { return transform_->qk_width(head_dim); }
+  bool has_score_bias() const override { return bias_->has_score_bias(); }
+  double softmax_scale(const PositionContext& ctx) const override { return transform_->softmax_scale(ctx); }
+  std::vector<ParamSpec> layer_parameters(int n_head, int head_dim) const override;
+  void initialize_custom(std::size_t param_index, std::span<double> values, int n_head, int head_dim) const override;
+
+  const PositionEncoding& transform_part() const { return *transform_; }
+  const PositionEncoding& bias_part() const { return *bias_; }
+  // How many of layer_parameters() belong to the transform (they come first).
+  std::size_t transform_parameter_count(int n_head, int head_dim) const;
+
+  template <class Real>
+  void transform(const QkTransformArgs<Real>& args) const;
+  template <class Real>
+  void transform_backward(const QkTransformBackwardArgs<Real>& args) const;
+  template <class Real>
+  void bias(const PositionContext& ctx, int head, ParamValues<Real> params, Real* table) const;
+  template <class Real>
+  void bias_backward(const PositionContext& ctx, int head, ParamValues<Real> params, const Real* diag_grad,
+                     ParamGrads<Real> dparams) const;
+
+ private:
+  std::string name_;
+  std::unique_ptr<PositionEncoding> transform_;
+  std::unique_ptr<PositionEncoding> bias_;
 };
 
 // The ALiBi paper's slopes for `n_head` heads: 2^(−8(h+1)/H) when H is a power of two;

@@ -22,6 +22,16 @@ inline std::vector<double> geometric_frequencies(double base, int count, double 
   return frequencies;
 }
 
+// softplus(x) = ln(1 + eˣ), taken as x above 20 (the dropped ln(1 + e^−x) < 2.1e−9 is
+// negligible next to x, and eˣ would overflow for large x). Shared by PoPE's magnitudes and the
+// PJ-bias's damping and slope, so both see the same function and derivative.
+inline constexpr double kSoftplusLinearFrom = 20.0;
+inline double softplus(double x) { return x > kSoftplusLinearFrom ? x : std::log1p(std::exp(x)); }
+// d softplus / dx of exactly the function above: the logistic sigmoid, 1 on the linear part.
+inline double softplus_derivative(double x) { return x > kSoftplusLinearFrom ? 1.0 : 1.0 / (1.0 + std::exp(-x)); }
+// y = softplus(x) solved for x (y > 0), with the same linear tail.
+inline double softplus_inverse(double y) { return y > kSoftplusLinearFrom ? y : std::log(std::expm1(y)); }
+
 // Absolute position of row `row` of this call (rows start at ctx.position_offset).
 inline double absolute_position(const PositionContext& ctx, int row) {
   return static_cast<double>(ctx.position_offset) + static_cast<double>(row);

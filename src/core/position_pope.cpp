@@ -14,9 +14,6 @@ namespace pope {
 namespace {
 
 constexpr double kTwoPi = 2.0 * std::numbers::pi;
-// Above this softplus(x) equals x to double precision (ln(1 + e^−20) ≈ 2e−9 relative to 20
-// is below what the features need, and e^x would overflow for large x).
-constexpr double kSoftplusLinearFrom = 20.0;
 
 PopeMagnitude parse_magnitude(const std::string& name) {
   if (name == "softplus") return PopeMagnitude::softplus;
@@ -29,7 +26,7 @@ PopeMagnitude parse_magnitude(const std::string& name) {
 double magnitude_of(PopeMagnitude kind, double x) {
   switch (kind) {
     case PopeMagnitude::softplus:
-      return x > kSoftplusLinearFrom ? x : std::log1p(std::exp(x));
+      return softplus(x);
     case PopeMagnitude::identity:
       return x;
     case PopeMagnitude::relu:
@@ -42,7 +39,7 @@ double magnitude_of(PopeMagnitude kind, double x) {
 double magnitude_derivative(PopeMagnitude kind, double x) {
   switch (kind) {
     case PopeMagnitude::softplus:
-      return x > kSoftplusLinearFrom ? 1.0 : 1.0 / (1.0 + std::exp(-x));
+      return softplus_derivative(x);
     case PopeMagnitude::identity:
       return 1.0;
     case PopeMagnitude::relu:

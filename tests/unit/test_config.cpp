@@ -245,7 +245,7 @@ TEST(Config, CrossFieldRules) {
 
 TEST(Config, BadEnumListsTheAllowedValues) {
   expect_json_error({{"model", {{"position", {{"kind", "popee"}}}}}}, "model.position.kind",
-                    {"expected one of nope, rope, pope, alibi", "\"popee\""});
+                    {"expected one of nope, none, rope, pope, alibi, rope_pi", "\"popee\""});
   expect_invalid([](RunConfig& c) { c.train.device = "gpu"; }, "train.device", {"auto, cpu, cuda", "\"gpu\""});
   expect_invalid([](RunConfig& c) { c.optim.schedule = "step"; }, "optim.schedule", {"cosine, linear, constant"});
 }

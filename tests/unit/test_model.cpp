@@ -76,6 +76,39 @@ TEST(ModelLayout, NamesShapesAndWeightDecay) {
         << spec.name;
 }
 
+TEST(ModelLayout, PjBiasParametersAreNamedPerLayerAndNotDecayed) {
+  const ModelConfig c = paper_model(768, 12, 2, "pjrope");
+  const auto layout = build_parameter_layout(c, *make_position_encoding(c));
+  EXPECT_EQ(layout.specs()[layout.index_of("layers.1.position.omega")].shape, (Shape{12}));
+  EXPECT_EQ(layout.specs()[layout.index_of("layers.0.position.gate_logits")].shape, (Shape{12, 3}));
+  EXPECT_EQ(layout.specs()[layout.index_of("layers.0.position.lc_im")].shape, (Shape{12, 4}));  // K = 3
+  for (const auto& spec : layout.specs()) {
+    if (spec.name.find(".position.") != std::string::npos) {
+      EXPECT_FALSE(spec.weight_decay) << spec.name;
+    }
+  }
+  // 6 + 6(K + 1) scalars per head and layer on top of the weights and norm gains.
+  const std::int64_t matrices = count_matrix_parameters(c, layout);
+  EXPECT_EQ(count_parameters(c, layout), matrices + std::int64_t(2 * 2 + 1) * 768 + 2 * 12 * (6 + 6 * 4));
+}
+
+TEST(ModelInit, PjBiasStartsAffine) {
+  // gate_init affine: every layer's bias starts at ≈ −1.92933·Δ/L (the FJ/LC amplitudes
+  // are 0.02·N(0, 1), so only approximately).
+  auto backend = make_backend("cpu", "double", 1);
+  ModelConfig c = paper_model(64, 4, 2, "affine");
+  c.context_length = 64;
+  c.vocab_size = 100;
+  c.padded_vocab_size = 128;
+  Model model(c, *backend);
+  model.initialize(5);
+  const auto values = model.parameters_to_host();
+  const auto at = [&](const std::string& name) { return values[std::size_t(model.layout().offset(model.layout().index_of(name)))]; };
+  EXPECT_FLOAT_EQ(at("layers.1.position.gate_logits"), -2.0f);
+  EXPECT_NEAR(std::log1p(std::exp(double(at("layers.0.position.affine_slope")))), 2.0, 1e-6);
+  EXPECT_NEAR(at("layers.0.position.omega"), 2.0 * 3.141592653589793 / 64.0, 1e-7);
+}
+
 TEST(ModelInit, ScalesAndPaddingRows) {
   auto backend = make_backend("cpu", "double", 1);
   ModelConfig c = paper_model(64, 4, 4, "rope");
@@ -139,10 +172,16 @@ TEST_P(ModelGradient, MatchesFiniteDifferencesInDouble) {
     for (std::size_t k = 0; k < picks.size(); ++k) params[picks[k]] = values[k];
     return model.forward(tokens.data(), targets.data(), B, T).sum;
   };
-  EXPECT_LT(pope::testing::max_relative_gradient_error(total_loss, values, analytic), 1e-6);
+  // The PJ-bias starts with amplitudes 0.02·N(0, 1), so many of its gradients are 1e−7…1e−4,
+  // under the check's 1e−3 floor where the 1e−5 step's rounding noise (~1e−9 on a loss of ~50)
+  // would reach 1e−6 relative; a 1e−4 step keeps both rounding and truncation below 1e−7 there.
+  const bool small_pj_gradients = model.position().has_score_bias() && !model.position().layer_parameters(2, 4).empty();
+  const pope::testing::GradientCheckOptions options{.step = small_pj_gradients ? 1e-4 : 1e-5, .magnitude_floor = 1e-3};
+  EXPECT_LT(pope::testing::max_relative_gradient_error(total_loss, values, analytic, options), 1e-6);
 }
 
-INSTANTIATE_TEST_SUITE_P(Encodings, ModelGradient, ::testing::Values("nope", "rope", "pope", "alibi"),
+INSTANTIATE_TEST_SUITE_P(Encodings, ModelGradient,
+                         ::testing::Values("nope", "rope", "pope", "alibi", "full", "rope_affine", "pj_rotary"),
                          [](const auto& info) { return info.param; });
 
 TEST(ModelForward, MaskedTargetsAndTokenLosses) {
@@ -183,7 +222,7 @@ TEST(ModelForward, RejectsTokensOutsideTheVocabulary) {
 TEST(ModelForward, FloatAgreesWithDouble) {
   auto f = make_backend("cpu", "float", 1);
   auto d = make_backend("cpu", "double", 1);
-  for (const std::string kind : {"rope", "pope", "alibi"}) {
+  for (const std::string kind : {"rope", "pope", "alibi", "full", "pj_rotary"}) {
     const ModelConfig c = tiny_model(kind);
     Model mf(c, *f), md(c, *d);
     mf.initialize(4);

@@ -1,0 +1,208 @@
+// The PJ-bias kernels (kernels/attention/pj_bias.*), driven through cuda/pj_bias_layer from a
+// composed method as AttentionRunner would, against the CPU encoding: the [H, T] bias table
+// and every parameter gradient from random diagonal sums Ĝ, for both ρ, several sector masks
+// and orders, and lengths that are not multiples of the kernels' 256-lag blocks; the backward
+// must be bitwise reproducible.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/pj_bias.cuh"
+#include "core/position_encodings.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_device.hpp"
+#include "cuda/pj_bias_layer.hpp"
+
+namespace {
+
+using namespace pope;
+
+// The table is fp64 math stored in f32 on both sides; the gradients are fp64 sums stored in
+// f32, in another order than the CPU's.
+constexpr double kTableTolerance = 1e-6;
+constexpr double kGradientTolerance = 1e-5;
+
+// A device copy of a host f32 vector, freed with the object.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<float>& host) : size_(host.size()) {
+    POPE_CUDA_CHECK(cudaMalloc(&data_, size_ * sizeof(float)));
+    POPE_CUDA_CHECK(cudaMemcpy(data_, host.data(), size_ * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(data_); }
+  float* data() const { return data_; }
+  std::vector<float> download() const {
+    std::vector<float> host(size_);
+    POPE_CUDA_CHECK(cudaMemcpy(host.data(), data_, size_ * sizeof(float), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  float* data_ = nullptr;
+  std::size_t size_;
+};
+
+std::vector<float> random_floats(std::size_t count, std::uint64_t seed, float low = -1.0f, float high = 1.0f) {
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<float> values(count);
+  for (float& v : values) v = uniform(engine);
+  return values;
+}
+
+// max |got − want| / max(max |want|, 1e−3) over a buffer.
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0.0, scale = 1e-3;
+  for (float w : want) scale = std::max(scale, double(std::abs(w)));
+  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - want[i]) / scale);
+  return worst;
+}
+
+struct Case {
+  std::string rho;
+  PjSectorMask sectors;
+  int order;
+  int seq_len;
+};
+
+std::string case_name(const Case& c) {
+  return c.rho + "_K" + std::to_string(c.order) + "_T" + std::to_string(c.seq_len) + "_sectors" +
+         std::to_string(int(c.sectors[0])) + std::to_string(int(c.sectors[1])) + std::to_string(int(c.sectors[2]));
+}
+
+class CudaPjBias : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(CudaPjBias, TableAndGradientsMatchTheCpuEncoding) {
+  const Case& c = GetParam();
+  constexpr int kHeads = 3, kTrainLength = 64;
+  PjConfig config;
+  config.order = c.order;
+  config.rho = c.rho;
+  // "fj_lc"-like methods: NoPE q/k plus the bias; the bridge must find the bias inside.
+  const ComposedEncoding cpu("case", std::make_unique<NopeEncoding>(),
+                             std::make_unique<PjBiasEncoding>(config, c.sectors, kTrainLength));
+  const auto specs = cpu.layer_parameters(kHeads, 64);
+
+  std::vector<std::vector<float>> params, cpu_grads;
+  std::vector<std::unique_ptr<DeviceBuffer>> device_params, device_grads;
+  std::vector<float*> device_param_pointers, device_grad_pointers;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    params.push_back(random_floats(static_cast<std::size_t>(shape_numel(specs[i].shape)), 10 + i));
+    if (i == kPjOmega)
+      for (int h = 0; h < kHeads; ++h) params[i][h] = 0.1f + 0.4f * h;
+    cpu_grads.emplace_back(params[i].size(), 0.5f);  // gradients accumulate onto what is there
+    device_params.push_back(std::make_unique<DeviceBuffer>(params[i]));
+    device_grads.push_back(std::make_unique<DeviceBuffer>(cpu_grads[i]));
+    device_param_pointers.push_back(device_params[i]->data());
+    device_grad_pointers.push_back(device_grads[i]->data());
+  }
+  std::vector<const float*> values;
+  std::vector<float*> grads;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    values.push_back(params[i].data());
+    grads.push_back(cpu_grads[i].data());
+  }
+
+  // Forward: the [H, T] table.
+  const int T = c.seq_len;
+  PositionContext ctx;
+  ctx.seq_len = T;
+  ctx.train_length = kTrainLength;
+  ctx.n_head = kHeads;
+  ctx.head_dim = 64;
+  const auto layer = cuda::pj_bias_layer(cpu, ctx, device_param_pointers, device_grad_pointers);
+  ASSERT_TRUE(layer.has_value());
+  const kernels::PjBiasParams& gpu = layer->params;
+  kernels::PjBiasGradients gpu_grads = layer->gradients;
+  std::vector<float> want_table(std::size_t(kHeads) * T);
+  for (int h = 0; h < kHeads; ++h) cpu.score_bias(ctx, h, values, want_table.data() + std::size_t(h) * T);
+  DeviceBuffer table(std::vector<float>(want_table.size(), std::nanf("")));
+  POPE_CUDA_CHECK(kernels::pj_bias_table(gpu, T, table.data(), nullptr));
+  POPE_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(relative_error(table.download(), want_table), kTableTolerance);
+
+  // Backward from random Ĝ.
+  const std::vector<float> diag = random_floats(std::size_t(kHeads) * T, 99);
+  for (int h = 0; h < kHeads; ++h) cpu.score_bias_backward(ctx, h, values, diag.data() + std::size_t(h) * T, grads);
+  DeviceBuffer device_diag(diag);
+  POPE_CUDA_CHECK(kernels::pj_bias_backward(gpu, T, device_diag.data(), gpu_grads, nullptr));
+  POPE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<std::vector<float>> first;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    first.push_back(device_grads[i]->download());
+    EXPECT_LT(relative_error(first[i], cpu_grads[i]), kGradientTolerance) << specs[i].name;
+  }
+
+  // Deterministic: a second run onto fresh buffers gives the same bits.
+  std::vector<std::unique_ptr<DeviceBuffer>> again;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::vector<float> reset(params[i].size(), 0.5f);
+    again.push_back(std::make_unique<DeviceBuffer>(reset));
+    gpu_grads.values[i] = again[i]->data();
+  }
+  POPE_CUDA_CHECK(kernels::pj_bias_backward(gpu, T, device_diag.data(), gpu_grads, nullptr));
+  POPE_CUDA_CHECK(cudaDeviceSynchronize());
+  for (std::size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(again[i]->download(), first[i]) << specs[i].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CudaPjBias,
+    ::testing::Values(Case{"linear", {true, true, true}, 3, 1}, Case{"linear", {true, true, true}, 3, 300},
+                      Case{"lightcone", {true, true, true}, 2, 513}, Case{"linear", {false, true, false}, 3, 257},
+                      Case{"lightcone", {true, false, true}, 0, 1000}, Case{"linear", {false, true, true}, 15, 200}),
+    [](const auto& info) { return case_name(info.param); });
+
+TEST(CudaPjBiasLayer, FindsTheBiasOnlyInComposedMethods) {
+  // Host-only: no GPU needed to describe a layer.
+  PjConfig config;
+  const ComposedEncoding rope_affine("rope_affine", std::make_unique<RopeEncoding>(RopeConfig{}),
+                                     std::make_unique<PjBiasEncoding>(config, PjSectorMask{false, true, false}, 32));
+  PositionContext ctx;
+  ctx.n_head = 2;
+  ctx.head_dim = 8;
+  std::vector<float> storage(kPjParamCount);
+  std::vector<float*> pointers;
+  for (float& s : storage) pointers.push_back(&s);
+  const auto layer = cuda::pj_bias_layer(rope_affine, ctx, pointers);
+  ASSERT_TRUE(layer.has_value());
+  EXPECT_EQ(layer->params.order, 3);
+  EXPECT_EQ(layer->params.train_length, 32);
+  EXPECT_FALSE(layer->params.sector_enabled[0]);
+  EXPECT_TRUE(layer->params.sector_enabled[1]);
+  EXPECT_EQ(layer->params.values[kPjLcIm], &storage[kPjLcIm]);
+  EXPECT_EQ(layer->gradients.values[0], nullptr);
+  pointers.pop_back();
+  EXPECT_THROW(cuda::pj_bias_layer(rope_affine, ctx, pointers), std::invalid_argument);
+  EXPECT_FALSE(cuda::pj_bias_layer(NopeEncoding{}, ctx, {}).has_value());
+}
+
+TEST(CudaPjBiasArguments, RejectsInvalidParameters) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  kernels::PjBiasParams p;
+  p.n_head = 1;
+  p.train_length = 16;
+  p.order = kernels::kPjBiasMaxOrder + 1;
+  p.sector_enabled[1] = true;
+  float* table = nullptr;
+  POPE_CUDA_CHECK(cudaMalloc(&table, 16 * sizeof(float)));
+  EXPECT_EQ(kernels::pj_bias_table(p, 16, table, nullptr), cudaErrorInvalidValue);
+  p.order = 1;
+  p.sector_enabled[1] = false;  // no sector
+  EXPECT_EQ(kernels::pj_bias_table(p, 16, table, nullptr), cudaErrorInvalidValue);
+  p.sector_enabled[1] = true;
+  EXPECT_EQ(kernels::pj_bias_backward(p, 16, table, kernels::PjBiasGradients{}, nullptr), cudaErrorInvalidValue);
+  cudaFree(table);
+}
+
+}  // namespace
