@@ -4,8 +4,8 @@
 //   key grad:   CTA = (b·H + h, 64 keys); streams 64-query tiles of q̃, dout, lse and D from the
 //               diagonal to the end, sums dk̃ and dv in registers; with a bias gradient it also
 //               sums dS along lags into its own partial row (no atomics).
-//   query grad: CTA = (b·H + h, 128 query rows at q/k width 64, else 64), 4 warps × 32 (16) rows;
-//               streams key tiles again and sums dq̃.
+//   query grad: CTA = (b·H + h, 64 query rows), 4 warps × 16 rows; streams key tiles again and
+//               sums dq̃.
 // Key tiles are 64 rows; a 128-row query block meets the diagonal in its last two key tiles,
 // which alone need the causal mask. Tiles above the diagonal are never visited. Rows past T are zero-filled on load and never stored.
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2f.
@@ -36,24 +36,33 @@ constexpr float kLn2 = 0.69314718055994531f;
 // Pointers of one (batch, head).
 struct FlashHead {
   int b, h, bh, seq_len;
-  const bf16* q;  // q̃ row t at t·W
+  const bf16* q;  // q̃ row t at t·qk_stride
   const bf16* k;
-  const bf16* v;          // v row s at s·row_stride
+  const bf16* v;            // v row s at s·row_stride
+  std::int64_t qk_stride;   // W, or 3C when q̃, k̃ are read from qkv in place
   std::int64_t row_stride;  // 3C
   std::int64_t channels;    // C
-  const float* bias;      // b_h(Δ) [T], or null
+  const float* bias;        // b_h(Δ) [T], or null
 
   __device__ FlashHead(const AttentionDims& dims, const EncodedAttention& in, int batch_head) {
     bh = batch_head;
     b = bh / dims.n_head;
     h = bh % dims.n_head;
     seq_len = dims.seq_len;
-    const std::int64_t rows_before = std::int64_t(bh) * dims.seq_len;
-    q = in.q + rows_before * dims.qk_width;
-    k = in.k + rows_before * dims.qk_width;
     channels = std::int64_t(dims.n_head) * dims.head_dim;
     row_stride = 3 * channels;
-    v = in.qkv + std::int64_t(b) * dims.seq_len * row_stride + 2 * channels + std::int64_t(h) * dims.head_dim;
+    const bf16* head_columns = in.qkv + std::int64_t(b) * dims.seq_len * row_stride + std::int64_t(h) * dims.head_dim;
+    if (in.qk_in_qkv) {
+      q = head_columns;
+      k = head_columns + channels;
+      qk_stride = row_stride;
+    } else {
+      const std::int64_t rows_before = std::int64_t(bh) * dims.seq_len;
+      q = in.q + rows_before * dims.qk_width;
+      k = in.k + rows_before * dims.qk_width;
+      qk_stride = dims.qk_width;
+    }
+    v = head_columns + 2 * channels;
     bias = in.score.bias ? in.score.bias + std::int64_t(h) * dims.seq_len : nullptr;
   }
   // Row t of this head in a [B·T, C] activation (out, dout), and in [B, H, T] statistics.
@@ -152,12 +161,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
-    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
+    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, head.qk_stride, j0, kTile, T);
     load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
     if (has_bias) stage_bias_async<kRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(q_tile, head.q, kW, i0, kRows, T);
+  load_tile_async<kW>(q_tile, head.q, head.qk_stride, i0, kRows, T);
   load_keys(0, 0);  // one group with the queries
 
   float o[kF][kDv / 8][4];
@@ -299,14 +308,14 @@ __global__ void __launch_bounds__(kThreads)
 
   auto load_queries = [&](int qb, int stage) {
     const int i0 = qb * kTile;
-    load_tile_async<kW>(q_tiles + stage * Layout::q, head.q, kW, i0, kTile, T);
+    load_tile_async<kW>(q_tiles + stage * Layout::q, head.q, head.qk_stride, i0, kTile, T);
     load_tile_async<kDv>(dout_tiles + stage * Layout::dout, dout, head.channels, i0, kTile, T);
     stage_rows_async(lse_slots + stage * kTile, lse, i0, T);
     stage_rows_async(row_dot_slots + stage * kTile, row_dot, i0, T);
     if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(k_tile, head.k, kW, j0, kTile, T);
+  load_tile_async<kW>(k_tile, head.k, head.qk_stride, j0, kTile, T);
   load_tile_async<kDv>(v_tile, head.v, head.row_stride, j0, kTile, T);
   load_queries(key_block, 0);
 
@@ -428,15 +437,14 @@ __global__ void bias_grad_reduce_kernel(AttentionDims dims, const float* partial
 
 // ---------------------------------------------------------------- query gradients (dq̃)
 
-// At q/k width 64 each warp owns two 16-row fragments (128 query rows per CTA), so every k̃
-// and v fragment loaded feeds two products, as in the forward; at width 128 the dq̃
-// accumulators leave registers for one fragment only.
-template <int kW>
-constexpr int kQueryFragments = kW == 64 ? 2 : 1;
+// One 16-row fragment per warp (64 query rows per CTA). Two, as in the forward, measured slower
+// here (H200, width 64): S, dP and dq̃ of two fragments need 255 registers with spills, and
+// only half as many CTAs fit on an SM.
+constexpr int kQueryFragments = 1;
 
 template <int kW, int kDv>
 struct QueryGradLayout {
-  static constexpr int rows = WarpRows<kQueryFragments<kW>>::kRows;
+  static constexpr int rows = WarpRows<kQueryFragments>::kRows;
   static constexpr int q = rows * padded_stride(kW);  // bf16 elements
   static constexpr int dout = rows * padded_stride(kDv);
   static constexpr int k = kTile * padded_stride(kW);
@@ -446,11 +454,12 @@ struct QueryGradLayout {
       std::size_t(q + dout + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_slots * sizeof(float);
 };
 
+// Four CTAs per SM at width 64 (shared memory allows it; 128 registers); two at width 128.
 template <int kW, int kDv>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kW == 64 ? 4 : 2)
     flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
   using Layout = QueryGradLayout<kW, kDv>;
-  constexpr int kF = kQueryFragments<kW>, kRows = Layout::rows;
+  constexpr int kF = kQueryFragments, kRows = Layout::rows;
   extern __shared__ __align__(16) unsigned char shared[];
   bf16* q_tile = reinterpret_cast<bf16*>(shared);
   bf16* dout_tile = q_tile + Layout::q;
@@ -468,12 +477,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
-    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
+    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, head.qk_stride, j0, kTile, T);
     load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
     if (has_bias) stage_bias_async<kRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(q_tile, head.q, kW, i0, kRows, T);
+  load_tile_async<kW>(q_tile, head.q, head.qk_stride, i0, kRows, T);
   load_tile_async<kDv>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0, kRows, T);
   load_keys(0, 0);
 
@@ -578,9 +587,10 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(p
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in) {
   const bool widths = (dims.qk_width == 64 && dims.head_dim == 64) || (dims.qk_width == 128 && dims.head_dim == 64) ||
                       (dims.qk_width == 128 && dims.head_dim == 128);
+  // Rows of qkv are 16-byte aligned when C = H·d is a multiple of 8, which d ∈ {64, 128} makes it.
+  const bool qk_aligned = in.qk_in_qkv ? dims.qk_width == dims.head_dim : aligned_16(in.q) && aligned_16(in.k);
   return widths && dims.batch > 0 && dims.n_head > 0 && dims.seq_len > 0 && blocks_of(dims.seq_len) <= 65535 &&
-         std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && aligned_16(in.q) && aligned_16(in.k) &&
-         aligned_16(in.qkv);
+         std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && qk_aligned && aligned_16(in.qkv);
 }
 
 std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims) {
