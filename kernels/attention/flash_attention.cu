@@ -39,7 +39,7 @@ struct FlashHead {
   const bf16* q;  // q̃ row t at t·qk_stride
   const bf16* k;
   const bf16* v;            // v row s at s·row_stride
-  std::int64_t qk_stride;   // W, or 3C when q̃, k̃ are read from qkv in place
+  int qk_stride;            // W, or 3C when q̃, k̃ are read from qkv in place
   std::int64_t row_stride;  // 3C
   std::int64_t channels;    // C
   const float* bias;        // b_h(Δ) [T], or null
@@ -55,7 +55,7 @@ struct FlashHead {
     if (in.qk_in_qkv) {
       q = head_columns;
       k = head_columns + channels;
-      qk_stride = row_stride;
+      qk_stride = int(row_stride);
     } else {
       const std::int64_t rows_before = std::int64_t(bh) * dims.seq_len;
       q = in.q + rows_before * dims.qk_width;
@@ -437,29 +437,20 @@ __global__ void bias_grad_reduce_kernel(AttentionDims dims, const float* partial
 
 // ---------------------------------------------------------------- query gradients (dq̃)
 
-// One 16-row fragment per warp (64 query rows per CTA). Two, as in the forward, measured slower
-// here (H200, width 64): S, dP and dq̃ of two fragments need 255 registers with spills, and
-// only half as many CTAs fit on an SM.
-constexpr int kQueryFragments = 1;
-
 template <int kW, int kDv>
 struct QueryGradLayout {
-  static constexpr int rows = WarpRows<kQueryFragments>::kRows;
-  static constexpr int q = rows * padded_stride(kW);  // bf16 elements
-  static constexpr int dout = rows * padded_stride(kDv);
+  static constexpr int q = kTile * padded_stride(kW);  // bf16 elements
+  static constexpr int dout = kTile * padded_stride(kDv);
   static constexpr int k = kTile * padded_stride(kW);
   static constexpr int v = kTile * padded_stride(kDv);
-  static constexpr int lag_slots = rows + kTile;
   static constexpr std::size_t bytes =
-      std::size_t(q + dout + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_slots * sizeof(float);
+      std::size_t(q + dout + 2 * k + 2 * v) * sizeof(bf16) + 2 * kLagSlots * sizeof(float);
 };
 
-// Four CTAs per SM at width 64 (shared memory allows it; 128 registers); two at width 128.
 template <int kW, int kDv>
-__global__ void __launch_bounds__(kThreads, kW == 64 ? 4 : 2)
+__global__ void __launch_bounds__(kThreads)
     flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
   using Layout = QueryGradLayout<kW, kDv>;
-  constexpr int kF = kQueryFragments, kRows = Layout::rows;
   extern __shared__ __align__(16) unsigned char shared[];
   bf16* q_tile = reinterpret_cast<bf16*>(shared);
   bf16* dout_tile = q_tile + Layout::q;
@@ -470,8 +461,8 @@ __global__ void __launch_bounds__(kThreads, kW == 64 ? 4 : 2)
   const FlashHead head(dims, in, int(blockIdx.x));
   const int T = dims.seq_len, d = dims.head_dim;
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);
-  const int i0 = q_block * kRows;
-  const WarpRows<kF> lane;
+  const int i0 = q_block * kTile;
+  const WarpRows<1> lane;
   const bool has_bias = head.bias != nullptr;
   const float scale_log2 = in.score.scale * kLog2e;
 
@@ -479,31 +470,27 @@ __global__ void __launch_bounds__(kThreads, kW == 64 ? 4 : 2)
     const int j0 = kb * kTile;
     load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, head.qk_stride, j0, kTile, T);
     load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async<kRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(q_tile, head.q, head.qk_stride, i0, kRows, T);
-  load_tile_async<kDv>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0, kRows, T);
+  load_tile_async<kW>(q_tile, head.q, head.qk_stride, i0, kTile, T);
+  load_tile_async<kDv>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0, kTile, T);
   load_keys(0, 0);
 
-  // This lane's rows: lse in log2 units (+∞ past T, so that P is 0 there) and D.
-  float lse2[kF][2], row_dot[kF][2];
+  // This lane's two rows: lse in log2 units (+∞ past T, so that P is 0 there) and D.
+  float lse2[2], row_dot[2];
 #pragma unroll
-  for (int f = 0; f < kF; ++f)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int t = i0 + lane.row(f, 2 * r);
-      lse2[f][r] = t < T ? grads.lse[head.statistic_index(t)] * kLog2e : INFINITY;
-      row_dot[f][r] = t < T ? grads.row_dot[head.statistic_index(t)] : 0.0f;
-    }
+  for (int r = 0; r < 2; ++r) {
+    const int t = i0 + lane.row(0, 2 * r);
+    lse2[r] = t < T ? grads.lse[head.statistic_index(t)] * kLog2e : INFINITY;
+    row_dot[r] = t < T ? grads.row_dot[head.statistic_index(t)] : 0.0f;
+  }
 
-  float dq[kF][kW / 8][4];
-#pragma unroll
-  for (int f = 0; f < kF; ++f) clear(dq[f]);
-  const int key_end = i0 + kRows < T ? i0 + kRows : T;
-  const int key_blocks = (key_end + kTile - 1) / kTile;
+  float dq[1][kW / 8][4];
+  clear(dq[0]);
+  const int key_blocks = q_block + 1;
   for (int kb = 0; kb < key_blocks; ++kb) {
-    const int stage = kb & 1, j0 = kb * kTile;
+    const int stage = kb & 1;
     if (kb + 1 < key_blocks) {
       load_keys(kb + 1, stage ^ 1);
       copy_async_wait<1>();
@@ -512,52 +499,41 @@ __global__ void __launch_bounds__(kThreads, kW == 64 ? 4 : 2)
     }
     __syncthreads();
 
-    if (lane.sees(i0, j0)) {
-      const bf16* k_tile = k_tiles + stage * Layout::k;
-      const bf16* v_tile = v_tiles + stage * Layout::v;
-      const float* slots = bias_slots + stage * Layout::lag_slots;
-      float p[kF][kScoreBlocks][4], ds[kF][kScoreBlocks][4];
+    const bf16* k_tile = k_tiles + stage * Layout::k;
+    const bf16* v_tile = v_tiles + stage * Layout::v;
+    const float* slots = bias_slots + stage * kLagSlots;
+    float p[1][kScoreBlocks][4], ds[1][kScoreBlocks][4];
+    clear(p[0]);
+    clear(ds[0]);
+    mma_a_tile_b_rows<1, kW, kTile, kW, kW>(p, q_tile, lane.first, k_tile);          // S = q̃ · k̃ᵀ
+    mma_a_tile_b_rows<1, kDv, kTile, kDv, kDv>(ds, dout_tile, lane.first, v_tile);  // dP = dout · vᵀ
+    const bool diagonal = kb == q_block;
 #pragma unroll
-      for (int f = 0; f < kF; ++f) {
-        clear(p[f]);
-        clear(ds[f]);
+    for (int nb = 0; nb < kScoreBlocks; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = lane.row(0, e), col = lane.column(nb, e);
+        float x = p[0][nb][e] * scale_log2;
+        if (has_bias) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
+        const float prob = diagonal && col > row ? 0.0f : exp2f(x - lse2[e / 2]);
+        ds[0][nb][e] = prob * (ds[0][nb][e] - row_dot[e / 2]);
       }
-      mma_a_tile_b_rows<kF, kW, kTile, kW, kW>(p, q_tile, lane.first, k_tile);          // S = q̃ · k̃ᵀ
-      mma_a_tile_b_rows<kF, kDv, kTile, kDv, kDv>(ds, dout_tile, lane.first, v_tile);  // dP = dout · vᵀ
-      const bool masked = lane.needs_mask(i0, j0);
-#pragma unroll
-      for (int f = 0; f < kF; ++f)
-#pragma unroll
-        for (int nb = 0; nb < kScoreBlocks; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = lane.row(f, e), col = lane.column(nb, e);
-            float x = p[f][nb][e] * scale_log2;
-            if (has_bias) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
-            const float prob = masked && j0 + col > i0 + row ? 0.0f : exp2f(x - lse2[f][e / 2]);
-            ds[f][nb][e] = prob * (ds[f][nb][e] - row_dot[f][e / 2]);
-          }
-      std::uint32_t a[kF][kScoreSteps][4];
-#pragma unroll
-      for (int f = 0; f < kF; ++f) accumulators_to_operand(a[f], ds[f]);
-      mma_a_registers_b_columns<kF, kScoreSteps, kW, kW>(dq, a, k_tile);  // dq̃ += dS · k̃ (scale at the end)
-    }
+    std::uint32_t a[1][kScoreSteps][4];
+    accumulators_to_operand(a[0], ds[0]);
+    mma_a_registers_b_columns<1, kScoreSteps, kW, kW>(dq, a, k_tile);  // dq̃ += dS · k̃ (scale at the end)
     __syncthreads();
   }
 
   const float scale = in.score.scale;
 #pragma unroll
-  for (int f = 0; f < kF; ++f)
+  for (int r = 0; r < 2; ++r) {
+    const int t = i0 + lane.row(0, 2 * r);
+    if (t >= T) continue;
+    float* dq_row = grads.dq + head.statistic_index(t) * kW;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int t = i0 + lane.row(f, 2 * r);
-      if (t >= T) continue;
-      float* dq_row = grads.dq + head.statistic_index(t) * kW;
-#pragma unroll
-      for (int nb = 0; nb < kW / 8; ++nb)
-        *reinterpret_cast<float2*>(dq_row + lane.column(nb, 0)) =
-            make_float2(dq[f][nb][2 * r] * scale, dq[f][nb][2 * r + 1] * scale);
-    }
+    for (int nb = 0; nb < kW / 8; ++nb)
+      *reinterpret_cast<float2*>(dq_row + lane.column(nb, 0)) = make_float2(dq[0][nb][2 * r] * scale, dq[0][nb][2 * r + 1] * scale);
+  }
 }
 
 // ---------------------------------------------------------------- dispatch
@@ -619,9 +595,8 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
     const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv>>(
         tile_grid(dims), kThreads, KeyGradLayout<kW, kDv>::bytes(bias_grad), stream, dims, in, grads);
     if (keys != cudaSuccess) return keys;
-    using QueryLayout = QueryGradLayout<kW, kDv>;
-    return launch_with_shared<flash_query_grad_kernel<kW, kDv>>(tile_grid(dims, QueryLayout::rows), kThreads,
-                                                                QueryLayout::bytes, stream, dims, in, grads);
+    return launch_with_shared<flash_query_grad_kernel<kW, kDv>>(tile_grid(dims), kThreads,
+                                                                QueryGradLayout<kW, kDv>::bytes, stream, dims, in, grads);
   });
   if (status != cudaSuccess || !bias_grad) return status;
   constexpr int kReduceThreads = 256;
