@@ -246,7 +246,7 @@ std::size_t floats_bytes(std::size_t count) { return count * sizeof(float); }
 
 cudaError_t causal_attention_forward(const AttentionDims& dims, const EncodedAttention& in, __nv_bfloat16* out,
                                      float* lse, cudaStream_t stream) {
-  if (!supported(dims) || in.qk_in_qkv) return cudaErrorInvalidValue;
+  if (!supported(dims)) return cudaErrorInvalidValue;
   const int w = dims.qk_width, d = dims.head_dim;
   const std::size_t shared = floats_bytes(tile_floats(w) + tile_floats(d) + std::size_t(kRowsPerBlock) * w);
   return with_lanes_for(w, [&](auto lanes) {
@@ -265,7 +265,7 @@ cudaError_t attention_row_dot(const AttentionDims& dims, const AttentionGradient
 
 cudaError_t causal_attention_backward(const AttentionDims& dims, const EncodedAttention& in,
                                       const AttentionGradients& grads, cudaStream_t stream) {
-  if (!supported(dims) || in.qk_in_qkv || grads.bias_grad != nullptr) return cudaErrorInvalidValue;
+  if (!supported(dims) || grads.bias_grad != nullptr) return cudaErrorInvalidValue;
   const int w = dims.qk_width, d = dims.head_dim;
   const cudaError_t status = attention_row_dot(dims, grads, stream);
   if (status != cudaSuccess) return status;

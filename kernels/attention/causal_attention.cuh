@@ -24,9 +24,6 @@ struct EncodedAttention {
   const __nv_bfloat16* k = nullptr;    // k̃ [B, H, T, qk_width]
   const __nv_bfloat16* qkv = nullptr;  // v from its column block
   ScoreParams score;
-  // Identity transforms (qk_width = head_dim) may skip the copy into q̃, k̃: the q and k column
-  // blocks of qkv are read in place (q, k unused). Only the fused kernels accept this.
-  bool qk_in_qkv = false;
 };
 
 // out_t = Σ_{s≤t} softmax_s(a_ts) v_s (bf16 [B·T, C]);  lse_t = log Σ_{s≤t} exp(a_ts) (f32 [B, H, T]).

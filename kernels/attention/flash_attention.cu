@@ -4,10 +4,10 @@
 //   key grad:   CTA = (b·H + h, 64 keys); streams 64-query tiles of q̃, dout, lse and D from the
 //               diagonal to the end, sums dk̃ and dv in registers; with a bias gradient it also
 //               sums dS along lags into its own partial row (no atomics).
-//   query grad: CTA = (b·H + h, 64 query rows), 4 warps × 16 rows; streams key tiles again and
-//               sums dq̃.
-// Key tiles are 64 rows; a 128-row query block meets the diagonal in its last two key tiles,
-// which alone need the causal mask. Tiles above the diagonal are never visited. Rows past T are zero-filled on load and never stored.
+//   query grad: CTA = (b·H + h, 64 query rows); streams key tiles again and sums dq̃.
+// In the backward, query and key blocks are both 64 rows, so only the diagonal tile needs the
+// causal mask; in the forward the last two key tiles of a 128-row block do. Tiles above the
+// diagonal are never visited. Rows past T are zero-filled on load and never stored.
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2f.
 #include <cstdint>
 #include <type_traits>
@@ -36,33 +36,24 @@ constexpr float kLn2 = 0.69314718055994531f;
 // Pointers of one (batch, head).
 struct FlashHead {
   int b, h, bh, seq_len;
-  const bf16* q;  // q̃ row t at t·qk_stride
+  const bf16* q;  // q̃ row t at t·W
   const bf16* k;
-  const bf16* v;            // v row s at s·row_stride
-  int qk_stride;            // W, or 3C when q̃, k̃ are read from qkv in place
+  const bf16* v;          // v row s at s·row_stride
   std::int64_t row_stride;  // 3C
   std::int64_t channels;    // C
-  const float* bias;        // b_h(Δ) [T], or null
+  const float* bias;      // b_h(Δ) [T], or null
 
   __device__ FlashHead(const AttentionDims& dims, const EncodedAttention& in, int batch_head) {
     bh = batch_head;
     b = bh / dims.n_head;
     h = bh % dims.n_head;
     seq_len = dims.seq_len;
+    const std::int64_t rows_before = std::int64_t(bh) * dims.seq_len;
+    q = in.q + rows_before * dims.qk_width;
+    k = in.k + rows_before * dims.qk_width;
     channels = std::int64_t(dims.n_head) * dims.head_dim;
     row_stride = 3 * channels;
-    const bf16* head_columns = in.qkv + std::int64_t(b) * dims.seq_len * row_stride + std::int64_t(h) * dims.head_dim;
-    if (in.qk_in_qkv) {
-      q = head_columns;
-      k = head_columns + channels;
-      qk_stride = int(row_stride);
-    } else {
-      const std::int64_t rows_before = std::int64_t(bh) * dims.seq_len;
-      q = in.q + rows_before * dims.qk_width;
-      k = in.k + rows_before * dims.qk_width;
-      qk_stride = dims.qk_width;
-    }
-    v = head_columns + 2 * channels;
+    v = in.qkv + std::int64_t(b) * dims.seq_len * row_stride + 2 * channels + std::int64_t(h) * dims.head_dim;
     bias = in.score.bias ? in.score.bias + std::int64_t(h) * dims.seq_len : nullptr;
   }
   // Row t of this head in a [B·T, C] activation (out, dout), and in [B, H, T] statistics.
@@ -72,25 +63,13 @@ struct FlashHead {
   __device__ std::int64_t statistic_index(int t) const { return std::int64_t(bh) * seq_len + t; }
 };
 
-// A CTA of kWarps warps over a block of 16·kFragments·kWarps rows, warp w owning the kFragments
-// 16-row mma fragments from tile row first = 16·kFragments·w: lane coordinates, the tile
-// row/column of accumulator element e of fragment f and 8-column block nb, and where the
-// causal mask meets a 64-key tile for a block starting at row i0 (block rows are queries).
-template <int kFragments>
-struct WarpRows {
-  static constexpr int kRows = kWarps * 16 * kFragments;  // rows of the block
-  int warp, g, q, first;
-  __device__ WarpRows()
-      : warp(int(threadIdx.x) / kWarpSize),
-        g(int(threadIdx.x) % kWarpSize / 4),
-        q(int(threadIdx.x) % 4),
-        first(warp * 16 * kFragments) {}
-  __device__ int row(int f, int e) const { return first + 16 * f + g + (e / 2) * 8; }
+// Lane coordinates inside the mma fragments, and the tile row/column of accumulator element e
+// of 8-column block nb for a warp owning tile rows [16·warp, 16·warp + 16).
+struct Lane {
+  int warp, g, q;
+  __device__ Lane() : warp(int(threadIdx.x) / kWarpSize), g(int(threadIdx.x) % kWarpSize / 4), q(int(threadIdx.x) % 4) {}
+  __device__ int row(int e) const { return warp * 16 + g + (e / 2) * 8; }
   __device__ int column(int nb, int e) const { return nb * 8 + 2 * q + (e & 1); }
-  // Some key of tile j0 is visible to some row of this warp.
-  __device__ bool sees(int i0, int j0) const { return j0 <= i0 + first + 16 * kFragments - 1; }
-  // Some key of tile j0 lies past some row of this warp.
-  __device__ bool needs_mask(int i0, int j0) const { return j0 + kTile - 1 > i0 + first; }
 };
 
 // slots[i] = b(lag0 + i − 63) for the kRows + 63 lags of a tile of kRows queries × 64 keys
@@ -128,23 +107,24 @@ __device__ inline float quad_max(float x) {
 // 128 query rows per CTA, 4 warps × 32 rows (two 16-row fragments): every B fragment of k̃ and
 // v loaded from shared memory feeds two mma, half the shared-memory traffic per product of
 // one 16-row warp, which is what bounds mma.sync here.
-constexpr int kForwardFragments = 2;
-using ForwardRows = WarpRows<kForwardFragments>;
+constexpr int kForwardRows = 128;
+constexpr int kForwardFragments = 2;  // 16-row fragments per warp
+constexpr int kForwardWarps = kForwardRows / (16 * kForwardFragments);
+constexpr int kForwardThreads = kForwardWarps * kWarpSize;
 
 template <int kW, int kDv>
 struct ForwardLayout {
-  static constexpr int q = ForwardRows::kRows * padded_stride(kW);  // bf16 elements
+  static constexpr int q = kForwardRows * padded_stride(kW);  // bf16 elements
   static constexpr int k = kTile * padded_stride(kW);
   static constexpr int v = kTile * padded_stride(kDv);
-  static constexpr int lag_slots = ForwardRows::kRows + kTile;
+  static constexpr int lag_slots = kForwardRows + kTile;
   static constexpr std::size_t bytes = std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_slots * sizeof(float);
 };
 
 template <int kW, int kDv>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kForwardThreads, 2)
     flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse) {
   using Layout = ForwardLayout<kW, kDv>;
-  constexpr int kF = kForwardFragments, kRows = ForwardRows::kRows;
   extern __shared__ __align__(16) unsigned char shared[];
   bf16* q_tile = reinterpret_cast<bf16*>(shared);
   bf16* k_tiles = q_tile + Layout::q;
@@ -154,30 +134,34 @@ __global__ void __launch_bounds__(kThreads, 2)
   const FlashHead head(dims, in, int(blockIdx.x));
   const int T = dims.seq_len;
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);  // longest blocks start first
-  const int i0 = q_block * kRows;
-  const ForwardRows lane;
+  const int i0 = q_block * kForwardRows;
+  const int warp = int(threadIdx.x) / kWarpSize, g = int(threadIdx.x) % kWarpSize / 4, quad = int(threadIdx.x) % 4;
+  const int warp_row0 = warp * 16 * kForwardFragments;  // this warp's first row in the tile
+  // Tile row of accumulator element e of fragment f, and column of element e of 8-column block nb.
+  auto row_of = [&](int f, int e) { return warp_row0 + 16 * f + g + (e / 2) * 8; };
+  auto column_of = [&](int nb, int e) { return nb * 8 + 2 * quad + (e & 1); };
   const bool has_bias = head.bias != nullptr;
   const float scale_log2 = in.score.scale * kLog2e;
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
-    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, head.qk_stride, j0, kTile, T);
+    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async<kRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(q_tile, head.q, head.qk_stride, i0, kRows, T);
+  load_tile_async<kW>(q_tile, head.q, kW, i0, kForwardRows, T);
   load_keys(0, 0);  // one group with the queries
 
-  float o[kF][kDv / 8][4];
-  float row_max[kF][2], row_sum[kF][2];
+  float o[kForwardFragments][kDv / 8][4];
+  float row_max[kForwardFragments][2], row_sum[kForwardFragments][2];
 #pragma unroll
-  for (int f = 0; f < kF; ++f) {
+  for (int f = 0; f < kForwardFragments; ++f) {
     clear(o[f]);
     row_max[f][0] = row_max[f][1] = -INFINITY;
     row_sum[f][0] = row_sum[f][1] = 0.0f;
   }
-  const int key_end = i0 + kRows < T ? i0 + kRows : T;
+  const int key_end = i0 + kForwardRows < T ? i0 + kForwardRows : T;
   const int key_blocks = (key_end + kTile - 1) / kTile;
   for (int kb = 0; kb < key_blocks; ++kb) {
     const int stage = kb & 1, j0 = kb * kTile;
@@ -189,20 +173,39 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
 
-    if (lane.sees(i0, j0)) {  // the last tile lies wholly above the first warps' rows
-      float s[kF][kScoreBlocks][4];
+    // Tiles wholly above this warp's rows (the last one for the first warps) add nothing.
+    if (j0 <= i0 + warp_row0 + 16 * kForwardFragments - 1) {
+      const bf16* k_tile = k_tiles + stage * Layout::k;
+      const bf16* v_tile = v_tiles + stage * Layout::v;
+      float s[kForwardFragments][kScoreBlocks][4];
 #pragma unroll
-      for (int f = 0; f < kF; ++f) clear(s[f]);
-      mma_a_tile_b_rows<kF, kW, kTile, kW, kW>(s, q_tile, lane.first, k_tiles + stage * Layout::k);
-      const bool masked = lane.needs_mask(i0, j0);
+      for (int f = 0; f < kForwardFragments; ++f) clear(s[f]);
+#pragma unroll
+      for (int k0 = 0; k0 < kW; k0 += 16) {
+        std::uint32_t a[kForwardFragments][4];
+#pragma unroll
+        for (int f = 0; f < kForwardFragments; ++f) load_matrix_x4(a[f], a_operand<kW>(q_tile, warp_row0 + 16 * f, k0));
+#pragma unroll
+        for (int n0 = 0; n0 < kTile; n0 += 16) {
+          std::uint32_t b[4];
+          load_matrix_x4(b, b_rows<kW>(k_tile, n0, k0));
+#pragma unroll
+          for (int f = 0; f < kForwardFragments; ++f) {
+            mma_bf16(s[f][n0 / 8], a[f], b[0], b[1]);
+            mma_bf16(s[f][n0 / 8 + 1], a[f], b[2], b[3]);
+          }
+        }
+      }
+      // Only tiles reaching past this warp's first row need the causal mask.
+      const bool masked = j0 + kTile - 1 > i0 + warp_row0;
       const float* slots = bias_slots + stage * Layout::lag_slots;
 #pragma unroll
-      for (int f = 0; f < kF; ++f)
+      for (int f = 0; f < kForwardFragments; ++f)
 #pragma unroll
         for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int row = lane.row(f, e), col = lane.column(nb, e);
+            const int row = row_of(f, e), col = column_of(nb, e);
             float x = s[f][nb][e] * scale_log2;
             if (has_bias) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
             s[f][nb][e] = masked && j0 + col > i0 + row ? -INFINITY : x;
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       // Online softmax per fragment row (r = 0: row g, r = 1: row g + 8). row_sum stays a
       // per-lane partial sum until the end: the correction factor is the same on all four lanes.
 #pragma unroll
-      for (int f = 0; f < kF; ++f)
+      for (int f = 0; f < kForwardFragments; ++f)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           float tile_max = -INFINITY;
@@ -236,28 +239,39 @@ __global__ void __launch_bounds__(kThreads, 2)
             o[f][nb][2 * r + 1] *= correction;
           }
         }
-      std::uint32_t p[kF][kScoreSteps][4];
+      std::uint32_t p[kForwardFragments][kScoreSteps][4];
 #pragma unroll
-      for (int f = 0; f < kF; ++f) accumulators_to_operand(p[f], s[f]);
-      mma_a_registers_b_columns<kF, kScoreSteps, kDv, kDv>(o, p, v_tiles + stage * Layout::v);
+      for (int f = 0; f < kForwardFragments; ++f) accumulators_to_operand(p[f], s[f]);
+#pragma unroll
+      for (int step = 0; step < kScoreSteps; ++step)
+#pragma unroll
+        for (int n0 = 0; n0 < kDv; n0 += 16) {
+          std::uint32_t b[4];
+          load_matrix_x4_transposed(b, b_columns<kDv>(v_tile, step * 16, n0));
+#pragma unroll
+          for (int f = 0; f < kForwardFragments; ++f) {
+            mma_bf16(o[f][n0 / 8], p[f][step], b[0], b[1]);
+            mma_bf16(o[f][n0 / 8 + 1], p[f][step], b[2], b[3]);
+          }
+        }
     }
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 
 #pragma unroll
-  for (int f = 0; f < kF; ++f)
+  for (int f = 0; f < kForwardFragments; ++f)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float total = quad_sum(row_sum[f][r]);
-      const int t = i0 + lane.row(f, 2 * r);
+      const int t = i0 + row_of(f, 2 * r);
       if (t >= T) continue;
       const float inverse = 1.0f / total;
       bf16* row = out + head.activation_offset(t, dims.head_dim);
 #pragma unroll
       for (int nb = 0; nb < kDv / 8; ++nb)
-        *reinterpret_cast<__nv_bfloat162*>(row + lane.column(nb, 0)) =
+        *reinterpret_cast<__nv_bfloat162*>(row + column_of(nb, 0)) =
             __floats2bfloat162_rn(o[f][nb][2 * r] * inverse, o[f][nb][2 * r + 1] * inverse);
-      if (lane.q == 0) lse[head.statistic_index(t)] = (row_max[f][r] + log2f(total)) * kLn2;
+      if (quad == 0) lse[head.statistic_index(t)] = (row_max[f][r] + log2f(total)) * kLn2;
     }
 }
 
@@ -298,7 +312,7 @@ __global__ void __launch_bounds__(kThreads)
   const int key_block = int(blockIdx.y);  // low key blocks see the most queries and start first
   const int j0 = key_block * kTile;
   const int query_blocks = (T + kTile - 1) / kTile;
-  const WarpRows<1> lane;
+  const Lane lane;
   const bool has_bias = head.bias != nullptr;
   const bool sums_lags = grads.bias_grad != nullptr;
   const float scale_log2 = in.score.scale * kLog2e;
@@ -308,20 +322,20 @@ __global__ void __launch_bounds__(kThreads)
 
   auto load_queries = [&](int qb, int stage) {
     const int i0 = qb * kTile;
-    load_tile_async<kW>(q_tiles + stage * Layout::q, head.q, head.qk_stride, i0, kTile, T);
+    load_tile_async<kW>(q_tiles + stage * Layout::q, head.q, kW, i0, kTile, T);
     load_tile_async<kDv>(dout_tiles + stage * Layout::dout, dout, head.channels, i0, kTile, T);
     stage_rows_async(lse_slots + stage * kTile, lse, i0, T);
     stage_rows_async(row_dot_slots + stage * kTile, row_dot, i0, T);
     if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(k_tile, head.k, head.qk_stride, j0, kTile, T);
+  load_tile_async<kW>(k_tile, head.k, kW, j0, kTile, T);
   load_tile_async<kDv>(v_tile, head.v, head.row_stride, j0, kTile, T);
   load_queries(key_block, 0);
 
-  float dk[1][kW / 8][4], dv[1][kDv / 8][4];
-  clear(dk[0]);
-  clear(dv[0]);
+  float dk[kW / 8][4], dv[kDv / 8][4];
+  clear(dk);
+  clear(dv);
   // Lag sums: thread r < 64 carries lag 64·n + r of step n into step n + 1, which adds the
   // tile's lags below i0 − j0 to it; this CTA's partial row holds lags 0 .. T − j0 − 1.
   float carried_lag_sum = 0.0f;
@@ -345,35 +359,35 @@ __global__ void __launch_bounds__(kThreads)
     const float* row_dot_tile = row_dot_slots + stage * kTile;
     const float* slots = bias_slots + stage * kLagSlots;
     // Sᵀ (rows: this warp's 16 keys, columns: 64 queries) and dPᵀ = V · doutᵀ.
-    float p[1][kScoreBlocks][4], ds[1][kScoreBlocks][4];
-    clear(p[0]);
-    clear(ds[0]);
-    mma_a_tile_b_rows<1, kW, kTile, kW, kW>(p, k_tile, lane.first, q_tile);
-    mma_a_tile_b_rows<1, kDv, kTile, kDv, kDv>(ds, v_tile, lane.first, dout_tile);
+    float p[kScoreBlocks][4], ds[kScoreBlocks][4];
+    clear(p);
+    clear(ds);
+    mma_a_tile_b_rows<kW, kTile, kW, kW>(p, k_tile, lane.warp * 16, q_tile);
+    mma_a_tile_b_rows<kDv, kTile, kDv, kDv>(ds, v_tile, lane.warp * 16, dout_tile);
     const bool diagonal = qb == key_block;
 #pragma unroll
     for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = lane.row(0, e), query = lane.column(nb, e);
+        const int key = lane.row(e), query = lane.column(nb, e);
         const bool visible = !(diagonal && query < key) && i0 + query < T;
-        float x = p[0][nb][e] * scale_log2;
+        float x = p[nb][e] * scale_log2;
         if (has_bias) x = fmaf(slots[query - key + kTile - 1], kLog2e, x);
         const float prob = visible ? exp2f(x - lse_tile[query] * kLog2e) : 0.0f;
-        p[0][nb][e] = prob;
-        ds[0][nb][e] = prob * (ds[0][nb][e] - row_dot_tile[query]);
+        p[nb][e] = prob;
+        ds[nb][e] = prob * (ds[nb][e] - row_dot_tile[query]);
       }
-    std::uint32_t a[1][kScoreSteps][4];
-    accumulators_to_operand(a[0], p[0]);
-    mma_a_registers_b_columns<1, kScoreSteps, kDv, kDv>(dv, a, dout_tile);  // dv += Pᵀ · dout
-    accumulators_to_operand(a[0], ds[0]);
-    mma_a_registers_b_columns<1, kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
+    std::uint32_t a[kScoreSteps][4];
+    accumulators_to_operand(a, p);
+    mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);  // dv += Pᵀ · dout
+    accumulators_to_operand(a, ds);
+    mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
 
     if (sums_lags) {
 #pragma unroll
       for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ds_tile[lane.row(0, e) * Layout::ds_stride + lane.column(nb, e)] = ds[0][nb][e];
+        for (int e = 0; e < 4; ++e) ds_tile[lane.row(e) * Layout::ds_stride + lane.column(nb, e)] = ds[nb][e];
       __syncthreads();
       // Thread i < 127 sums the tile's diagonal query − key = i − 63, keys in increasing order.
       const int i = int(threadIdx.x);
@@ -404,18 +418,18 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = in.score.scale;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int s = j0 + lane.row(0, 2 * r);
+    const int s = j0 + lane.row(2 * r);
     if (s >= T) continue;
     float* dk_row = grads.dk + head.statistic_index(s) * kW;
 #pragma unroll
     for (int nb = 0; nb < kW / 8; ++nb)
-      *reinterpret_cast<float2*>(dk_row + lane.column(nb, 0)) = make_float2(dk[0][nb][2 * r] * scale, dk[0][nb][2 * r + 1] * scale);
+      *reinterpret_cast<float2*>(dk_row + lane.column(nb, 0)) = make_float2(dk[nb][2 * r] * scale, dk[nb][2 * r + 1] * scale);
     bf16* dv_row = grads.dqkv + (std::int64_t(head.b) * T + s) * head.row_stride + 2 * head.channels +
                    std::int64_t(head.h) * d;
 #pragma unroll
     for (int nb = 0; nb < kDv / 8; ++nb)
       *reinterpret_cast<__nv_bfloat162*>(dv_row + lane.column(nb, 0)) =
-          __floats2bfloat162_rn(dv[0][nb][2 * r], dv[0][nb][2 * r + 1]);
+          __floats2bfloat162_rn(dv[nb][2 * r], dv[nb][2 * r + 1]);
   }
 }
 
@@ -462,18 +476,18 @@ __global__ void __launch_bounds__(kThreads)
   const int T = dims.seq_len, d = dims.head_dim;
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);
   const int i0 = q_block * kTile;
-  const WarpRows<1> lane;
+  const Lane lane;
   const bool has_bias = head.bias != nullptr;
   const float scale_log2 = in.score.scale * kLog2e;
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
-    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, head.qk_stride, j0, kTile, T);
+    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
     if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(q_tile, head.q, head.qk_stride, i0, kTile, T);
+  load_tile_async<kW>(q_tile, head.q, kW, i0, kTile, T);
   load_tile_async<kDv>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0, kTile, T);
   load_keys(0, 0);
 
@@ -481,13 +495,13 @@ __global__ void __launch_bounds__(kThreads)
   float lse2[2], row_dot[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int t = i0 + lane.row(0, 2 * r);
+    const int t = i0 + lane.row(2 * r);
     lse2[r] = t < T ? grads.lse[head.statistic_index(t)] * kLog2e : INFINITY;
     row_dot[r] = t < T ? grads.row_dot[head.statistic_index(t)] : 0.0f;
   }
 
-  float dq[1][kW / 8][4];
-  clear(dq[0]);
+  float dq[kW / 8][4];
+  clear(dq);
   const int key_blocks = q_block + 1;
   for (int kb = 0; kb < key_blocks; ++kb) {
     const int stage = kb & 1;
@@ -502,37 +516,37 @@ __global__ void __launch_bounds__(kThreads)
     const bf16* k_tile = k_tiles + stage * Layout::k;
     const bf16* v_tile = v_tiles + stage * Layout::v;
     const float* slots = bias_slots + stage * kLagSlots;
-    float p[1][kScoreBlocks][4], ds[1][kScoreBlocks][4];
-    clear(p[0]);
-    clear(ds[0]);
-    mma_a_tile_b_rows<1, kW, kTile, kW, kW>(p, q_tile, lane.first, k_tile);          // S = q̃ · k̃ᵀ
-    mma_a_tile_b_rows<1, kDv, kTile, kDv, kDv>(ds, dout_tile, lane.first, v_tile);  // dP = dout · vᵀ
+    float p[kScoreBlocks][4], ds[kScoreBlocks][4];
+    clear(p);
+    clear(ds);
+    mma_a_tile_b_rows<kW, kTile, kW, kW>(p, q_tile, lane.warp * 16, k_tile);        // S = q̃ · k̃ᵀ
+    mma_a_tile_b_rows<kDv, kTile, kDv, kDv>(ds, dout_tile, lane.warp * 16, v_tile);  // dP = dout · vᵀ
     const bool diagonal = kb == q_block;
 #pragma unroll
     for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = lane.row(0, e), col = lane.column(nb, e);
-        float x = p[0][nb][e] * scale_log2;
+        const int row = lane.row(e), col = lane.column(nb, e);
+        float x = p[nb][e] * scale_log2;
         if (has_bias) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
         const float prob = diagonal && col > row ? 0.0f : exp2f(x - lse2[e / 2]);
-        ds[0][nb][e] = prob * (ds[0][nb][e] - row_dot[e / 2]);
+        ds[nb][e] = prob * (ds[nb][e] - row_dot[e / 2]);
       }
-    std::uint32_t a[1][kScoreSteps][4];
-    accumulators_to_operand(a[0], ds[0]);
-    mma_a_registers_b_columns<1, kScoreSteps, kW, kW>(dq, a, k_tile);  // dq̃ += dS · k̃ (scale at the end)
+    std::uint32_t a[kScoreSteps][4];
+    accumulators_to_operand(a, ds);
+    mma_a_registers_b_columns<kScoreSteps, kW, kW>(dq, a, k_tile);  // dq̃ += dS · k̃ (scale at the end)
     __syncthreads();
   }
 
   const float scale = in.score.scale;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int t = i0 + lane.row(0, 2 * r);
+    const int t = i0 + lane.row(2 * r);
     if (t >= T) continue;
     float* dq_row = grads.dq + head.statistic_index(t) * kW;
 #pragma unroll
     for (int nb = 0; nb < kW / 8; ++nb)
-      *reinterpret_cast<float2*>(dq_row + lane.column(nb, 0)) = make_float2(dq[0][nb][2 * r] * scale, dq[0][nb][2 * r + 1] * scale);
+      *reinterpret_cast<float2*>(dq_row + lane.column(nb, 0)) = make_float2(dq[nb][2 * r] * scale, dq[nb][2 * r + 1] * scale);
   }
 }
 
@@ -563,10 +577,9 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(p
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in) {
   const bool widths = (dims.qk_width == 64 && dims.head_dim == 64) || (dims.qk_width == 128 && dims.head_dim == 64) ||
                       (dims.qk_width == 128 && dims.head_dim == 128);
-  // Rows of qkv are 16-byte aligned when C = H·d is a multiple of 8, which d ∈ {64, 128} makes it.
-  const bool qk_aligned = in.qk_in_qkv ? dims.qk_width == dims.head_dim : aligned_16(in.q) && aligned_16(in.k);
   return widths && dims.batch > 0 && dims.n_head > 0 && dims.seq_len > 0 && blocks_of(dims.seq_len) <= 65535 &&
-         std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && qk_aligned && aligned_16(in.qkv);
+         std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && aligned_16(in.q) && aligned_16(in.k) &&
+         aligned_16(in.qkv);
 }
 
 std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims) {
@@ -578,7 +591,7 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
   if (!flash_attention_supports(dims, in)) return cudaErrorInvalidValue;
   return with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
-    return launch_with_shared<flash_forward_kernel<kW, kDv>>(tile_grid(dims, ForwardRows::kRows), kThreads,
+    return launch_with_shared<flash_forward_kernel<kW, kDv>>(tile_grid(dims, kForwardRows), kForwardThreads,
                                                              ForwardLayout<kW, kDv>::bytes, stream, dims, in, out, lse);
   });
 }

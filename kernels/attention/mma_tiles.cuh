@@ -126,38 +126,30 @@ __device__ inline const __nv_bfloat16* b_columns(const __nv_bfloat16* tile, int 
   return tile + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * padded_stride(kWidth) + n0 + (lane / 16) * 8;
 }
 
-// acc[f][n-block] += A_f · B over kDepth columns for kFragments A fragments of 16 rows each
-// (tile rows row0 + 16f .., from a row-major shared tile) and B from a tile that stores it
-// transposed (row n = column n of B), kN columns of output: S = Q·Kᵀ and friends. Every B
-// fragment loaded feeds kFragments products, so more fragments per warp mean less
-// shared-memory traffic per product.
-template <int kFragments, int kDepth, int kN, int kAStride, int kBStride>
-__device__ inline void mma_a_tile_b_rows(float (&acc)[kFragments][kN / 8][4], const __nv_bfloat16* a_tile, int row0,
+// acc[n-block] += A · B over kDepth columns, A from a row-major shared tile (rows row0..+16),
+// B from a tile that stores it transposed (row n = column n of B), kN columns of output:
+// S = Q·Kᵀ and friends.
+template <int kDepth, int kN, int kAStride, int kBStride>
+__device__ inline void mma_a_tile_b_rows(float (&acc)[kN / 8][4], const __nv_bfloat16* a_tile, int row0,
                                          const __nv_bfloat16* b_tile) {
 #pragma unroll
   for (int k0 = 0; k0 < kDepth; k0 += 16) {
-    std::uint32_t a[kFragments][4];
-#pragma unroll
-    for (int f = 0; f < kFragments; ++f) load_matrix_x4(a[f], a_operand<kAStride>(a_tile, row0 + 16 * f, k0));
+    std::uint32_t a[4];
+    load_matrix_x4(a, a_operand<kAStride>(a_tile, row0, k0));
 #pragma unroll
     for (int n0 = 0; n0 < kN; n0 += 16) {
       std::uint32_t b[4];
       load_matrix_x4(b, b_rows<kBStride>(b_tile, n0, k0));
-#pragma unroll
-      for (int f = 0; f < kFragments; ++f) {
-        mma_bf16(acc[f][n0 / 8], a[f], b[0], b[1]);
-        mma_bf16(acc[f][n0 / 8 + 1], a[f], b[2], b[3]);
-      }
+      mma_bf16(acc[n0 / 8], a, b[0], b[1]);
+      mma_bf16(acc[n0 / 8 + 1], a, b[2], b[3]);
     }
   }
 }
 
-// acc[f][n-block] += A_f · B, each A_f given as register fragments over kDepth = 16·kSteps
-// columns (from accumulators_to_operand), B from a tile that stores it as is (row k = row k of
-// B): P·V and friends.
-template <int kFragments, int kSteps, int kN, int kBStride>
-__device__ inline void mma_a_registers_b_columns(float (&acc)[kFragments][kN / 8][4],
-                                                 const std::uint32_t (&a)[kFragments][kSteps][4],
+// acc[n-block] += A · B, A given as register fragments over kDepth = 16·kSteps columns (from
+// accumulators_to_a), B from a tile that stores it as is (row k = row k of B): P·V and friends.
+template <int kSteps, int kN, int kBStride>
+__device__ inline void mma_a_registers_b_columns(float (&acc)[kN / 8][4], const std::uint32_t (&a)[kSteps][4],
                                                  const __nv_bfloat16* b_tile) {
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
@@ -165,11 +157,8 @@ __device__ inline void mma_a_registers_b_columns(float (&acc)[kFragments][kN / 8
     for (int n0 = 0; n0 < kN; n0 += 16) {
       std::uint32_t b[4];
       load_matrix_x4_transposed(b, b_columns<kBStride>(b_tile, step * 16, n0));
-#pragma unroll
-      for (int f = 0; f < kFragments; ++f) {
-        mma_bf16(acc[f][n0 / 8], a[f][step], b[0], b[1]);
-        mma_bf16(acc[f][n0 / 8 + 1], a[f][step], b[2], b[3]);
-      }
+      mma_bf16(acc[n0 / 8], a[step], b[0], b[1]);
+      mma_bf16(acc[n0 / 8 + 1], a[step], b[2], b[3]);
     }
   }
 }

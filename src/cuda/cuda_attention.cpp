@@ -1,8 +1,7 @@
 // Host side of causal attention on the GPU: validates the call, identifies the encoding,
 // keeps its small tables (frequencies, bias) on the device, and runs the kernels of
 // kernels/attention/ over scratch that grows once per larger shape:
-//   forward:  encode q̃, k̃ (bf16; identity transforms on the fused path read qkv in place)
-//             → causal attention → out (bf16), lse (f32)
+//   forward:  encode q̃, k̃ (bf16) → causal attention → out (bf16), lse (f32)
 //   backward: encode q̃, k̃ again → dq̃, dk̃ (f32) and dv → transform backward → dqkv (bf16),
 //             plus the encoding's parameter gradients (PoPE's δ), accumulated in f32.
 // The attention itself runs on the fused tensor-core kernels (flash_attention.cuh) where they
@@ -189,26 +188,18 @@ struct AttentionRunner::Scratch {
     return params;
   }
 
-  // q̃, k̃ of this call in scratch, or, for an identity transform on the fused path, qkv's own
-  // q and k columns read in place (no copy). `dout` is the backward's (null in the forward):
-  // it takes part in choosing the path.
+  // q̃, k̃ of this call in scratch.
   kernels::EncodedAttention encode(const AttentionDims& dims, const QkTransformParams& transform,
-                                   const kernels::ScoreParams& score, const Tensor& qkv, const void* dout,
-                                   cudaStream_t stream) {
+                                   const kernels::ScoreParams& score, const Tensor& qkv, cudaStream_t stream) {
     const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
     kernels::EncodedAttention in;
     in.qkv = static_cast<const __nv_bfloat16*>(qkv.data);
-    in.score = score;
-    if (transform.kind == QkTransformKind::identity) {
-      in.qk_in_qkv = true;
-      if (use_flash(dims, in, dout)) return in;
-      in.qk_in_qkv = false;
-    }
     auto* q_encoded = reserve_elements<__nv_bfloat16>(q, encoded);
     auto* k_encoded = reserve_elements<__nv_bfloat16>(k, encoded);
     POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, in.qkv, q_encoded, k_encoded, stream));
     in.q = q_encoded;
     in.k = k_encoded;
+    in.score = score;
     return in;
   }
 };
@@ -223,7 +214,7 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, stream);
-  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, nullptr, stream);
+  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
   auto* out = static_cast<__nv_bfloat16*>(args.out.data);
   auto* lse = static_cast<float*>(args.lse.data);
   if (use_flash(dims, in)) {
@@ -245,7 +236,7 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, stream);
-  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, args.dout.data, stream);
+  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
 
   const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
   kernels::AttentionGradients gradients;
