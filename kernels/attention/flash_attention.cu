@@ -1,12 +1,13 @@
 // Fused causal attention on tensor cores (see flash_attention.cuh and mma_tiles.cuh).
-//   forward:    CTA = (b·H + h, 64 query rows), 4 warps × 16 rows; streams 64-key tiles of k̃ and
-//               v up to the diagonal through double-buffered shared memory (cp.async).
+//   forward:    CTA = (b·H + h, 128 query rows), 4 warps × 32 rows; streams 64-key tiles of k̃
+//               and v up to the diagonal through double-buffered shared memory (cp.async).
 //   key grad:   CTA = (b·H + h, 64 keys); streams 64-query tiles of q̃, dout, lse and D from the
 //               diagonal to the end, sums dk̃ and dv in registers; with a bias gradient it also
 //               sums dS along lags into its own partial row (no atomics).
 //   query grad: CTA = (b·H + h, 64 query rows); streams key tiles again and sums dq̃.
-// Query and key blocks are both 64 rows, so only the diagonal tile needs the causal mask;
-// tiles above it are never visited. Rows past T are zero-filled on load and never stored.
+// In the backward, query and key blocks are both 64 rows, so only the diagonal tile needs the
+// causal mask; in the forward the last two key tiles of a 128-row block do. Tiles above the
+// diagonal are never visited. Rows past T are zero-filled on load and never stored.
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2f.
 #include <cstdint>
 #include <type_traits>
@@ -71,11 +72,14 @@ struct Lane {
   __device__ int column(int nb, int e) const { return nb * 8 + 2 * q + (e & 1); }
 };
 
-// slots[i] = b(lag0 + i − 63) for the 127 lags of a tile with i0 − j0 = lag0 (0 outside [0, T)).
+// slots[i] = b(lag0 + i − 63) for the kRows + 63 lags of a tile of kRows queries × 64 keys
+// with i0 − j0 = lag0 (0 outside [0, T)); the slot of (row, column) is row − column + 63.
+template <int kRows>
 __device__ void stage_bias_async(float* slots, const float* bias, int lag0, int seq_len) {
-  for (int i = int(threadIdx.x); i < kLagSlots; i += int(blockDim.x)) {
+  constexpr int kSlots = kRows + kTile;
+  for (int i = int(threadIdx.x); i < kSlots; i += int(blockDim.x)) {
     const int lag = lag0 + i - (kTile - 1);
-    const bool valid = i < kLagSlots - 1 && lag >= 0 && lag < seq_len;
+    const bool valid = i < kSlots - 1 && lag >= 0 && lag < seq_len;
     copy_async_4(slots + i, valid ? bias + lag : bias, valid);
   }
 }
@@ -100,16 +104,25 @@ __device__ inline float quad_max(float x) {
 
 // ---------------------------------------------------------------- forward
 
+// 128 query rows per CTA, 4 warps × 32 rows (two 16-row fragments): every B fragment of k̃ and
+// v loaded from shared memory feeds two mma, half the shared-memory traffic per product of
+// one 16-row warp, which is what bounds mma.sync here.
+constexpr int kForwardRows = 128;
+constexpr int kForwardFragments = 2;  // 16-row fragments per warp
+constexpr int kForwardWarps = kForwardRows / (16 * kForwardFragments);
+constexpr int kForwardThreads = kForwardWarps * kWarpSize;
+
 template <int kW, int kDv>
 struct ForwardLayout {
-  static constexpr int q = kTile * padded_stride(kW);  // bf16 elements
+  static constexpr int q = kForwardRows * padded_stride(kW);  // bf16 elements
   static constexpr int k = kTile * padded_stride(kW);
   static constexpr int v = kTile * padded_stride(kDv);
-  static constexpr std::size_t bytes = std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * kLagSlots * sizeof(float);
+  static constexpr int lag_slots = kForwardRows + kTile;
+  static constexpr std::size_t bytes = std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_slots * sizeof(float);
 };
 
 template <int kW, int kDv>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kForwardThreads, 2)
     flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse) {
   using Layout = ForwardLayout<kW, kDv>;
   extern __shared__ __align__(16) unsigned char shared[];
@@ -121,8 +134,12 @@ __global__ void __launch_bounds__(kThreads)
   const FlashHead head(dims, in, int(blockIdx.x));
   const int T = dims.seq_len;
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);  // longest blocks start first
-  const int i0 = q_block * kTile;
-  const Lane lane;
+  const int i0 = q_block * kForwardRows;
+  const int warp = int(threadIdx.x) / kWarpSize, g = int(threadIdx.x) % kWarpSize / 4, quad = int(threadIdx.x) % 4;
+  const int warp_row0 = warp * 16 * kForwardFragments;  // this warp's first row in the tile
+  // Tile row of accumulator element e of fragment f, and column of element e of 8-column block nb.
+  auto row_of = [&](int f, int e) { return warp_row0 + 16 * f + g + (e / 2) * 8; };
+  auto column_of = [&](int nb, int e) { return nb * 8 + 2 * quad + (e & 1); };
   const bool has_bias = head.bias != nullptr;
   const float scale_log2 = in.score.scale * kLog2e;
 
@@ -130,18 +147,24 @@ __global__ void __launch_bounds__(kThreads)
     const int j0 = kb * kTile;
     load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(q_tile, head.q, kW, i0, kTile, T);
+  load_tile_async<kW>(q_tile, head.q, kW, i0, kForwardRows, T);
   load_keys(0, 0);  // one group with the queries
 
-  float o[kDv / 8][4];
-  clear(o);
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  const int key_blocks = q_block + 1;
+  float o[kForwardFragments][kDv / 8][4];
+  float row_max[kForwardFragments][2], row_sum[kForwardFragments][2];
+#pragma unroll
+  for (int f = 0; f < kForwardFragments; ++f) {
+    clear(o[f]);
+    row_max[f][0] = row_max[f][1] = -INFINITY;
+    row_sum[f][0] = row_sum[f][1] = 0.0f;
+  }
+  const int key_end = i0 + kForwardRows < T ? i0 + kForwardRows : T;
+  const int key_blocks = (key_end + kTile - 1) / kTile;
   for (int kb = 0; kb < key_blocks; ++kb) {
-    const int stage = kb & 1;
+    const int stage = kb & 1, j0 = kb * kTile;
     if (kb + 1 < key_blocks) {
       load_keys(kb + 1, stage ^ 1);
       copy_async_wait<1>();
@@ -150,65 +173,106 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
 
-    float s[kScoreBlocks][4];
-    clear(s);
-    mma_a_tile_b_rows<kW, kTile, kW, kW>(s, q_tile, lane.warp * 16, k_tiles + stage * Layout::k);
-    const bool diagonal = kb == q_block;
-    const float* slots = bias_slots + stage * kLagSlots;
+    // Tiles wholly above this warp's rows (the last one for the first warps) add nothing.
+    if (j0 <= i0 + warp_row0 + 16 * kForwardFragments - 1) {
+      const bf16* k_tile = k_tiles + stage * Layout::k;
+      const bf16* v_tile = v_tiles + stage * Layout::v;
+      float s[kForwardFragments][kScoreBlocks][4];
 #pragma unroll
-    for (int nb = 0; nb < kScoreBlocks; ++nb)
+      for (int f = 0; f < kForwardFragments; ++f) clear(s[f]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = lane.row(e), col = lane.column(nb, e);
-        float x = s[nb][e] * scale_log2;
-        if (has_bias) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
-        s[nb][e] = diagonal && col > row ? -INFINITY : x;
+      for (int k0 = 0; k0 < kW; k0 += 16) {
+        std::uint32_t a[kForwardFragments][4];
+#pragma unroll
+        for (int f = 0; f < kForwardFragments; ++f) load_matrix_x4(a[f], a_operand<kW>(q_tile, warp_row0 + 16 * f, k0));
+#pragma unroll
+        for (int n0 = 0; n0 < kTile; n0 += 16) {
+          std::uint32_t b[4];
+          load_matrix_x4(b, b_rows<kW>(k_tile, n0, k0));
+#pragma unroll
+          for (int f = 0; f < kForwardFragments; ++f) {
+            mma_bf16(s[f][n0 / 8], a[f], b[0], b[1]);
+            mma_bf16(s[f][n0 / 8 + 1], a[f], b[2], b[3]);
+          }
+        }
       }
+      // Only tiles reaching past this warp's first row need the causal mask.
+      const bool masked = j0 + kTile - 1 > i0 + warp_row0;
+      const float* slots = bias_slots + stage * Layout::lag_slots;
+#pragma unroll
+      for (int f = 0; f < kForwardFragments; ++f)
+#pragma unroll
+        for (int nb = 0; nb < kScoreBlocks; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = row_of(f, e), col = column_of(nb, e);
+            float x = s[f][nb][e] * scale_log2;
+            if (has_bias) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
+            s[f][nb][e] = masked && j0 + col > i0 + row ? -INFINITY : x;
+          }
 
-    // Online softmax per fragment row (r = 0: row g, r = 1: row g + 8). row_sum stays a
-    // per-lane partial sum until the end: the correction factor is the same on all four lanes.
+      // Online softmax per fragment row (r = 0: row g, r = 1: row g + 8). row_sum stays a
+      // per-lane partial sum until the end: the correction factor is the same on all four lanes.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
+      for (int f = 0; f < kForwardFragments; ++f)
 #pragma unroll
-      for (int nb = 0; nb < kScoreBlocks; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
-      const float new_max = fmaxf(row_max[r], quad_max(tile_max));
-      const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
-      const float correction = exp2f(row_max[r] - base);
-      row_max[r] = new_max;
-      float sum = 0.0f;
+        for (int r = 0; r < 2; ++r) {
+          float tile_max = -INFINITY;
 #pragma unroll
-      for (int nb = 0; nb < kScoreBlocks; ++nb) {
-        s[nb][2 * r] = exp2f(s[nb][2 * r] - base);
-        s[nb][2 * r + 1] = exp2f(s[nb][2 * r + 1] - base);
-        sum += s[nb][2 * r] + s[nb][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * correction + sum;
+          for (int nb = 0; nb < kScoreBlocks; ++nb)
+            tile_max = fmaxf(tile_max, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
+          const float new_max = fmaxf(row_max[f][r], quad_max(tile_max));
+          const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
+          const float correction = exp2f(row_max[f][r] - base);
+          row_max[f][r] = new_max;
+          float sum = 0.0f;
 #pragma unroll
-      for (int nb = 0; nb < kDv / 8; ++nb) {
-        o[nb][2 * r] *= correction;
-        o[nb][2 * r + 1] *= correction;
-      }
+          for (int nb = 0; nb < kScoreBlocks; ++nb) {
+            s[f][nb][2 * r] = exp2f(s[f][nb][2 * r] - base);
+            s[f][nb][2 * r + 1] = exp2f(s[f][nb][2 * r + 1] - base);
+            sum += s[f][nb][2 * r] + s[f][nb][2 * r + 1];
+          }
+          row_sum[f][r] = row_sum[f][r] * correction + sum;
+#pragma unroll
+          for (int nb = 0; nb < kDv / 8; ++nb) {
+            o[f][nb][2 * r] *= correction;
+            o[f][nb][2 * r + 1] *= correction;
+          }
+        }
+      std::uint32_t p[kForwardFragments][kScoreSteps][4];
+#pragma unroll
+      for (int f = 0; f < kForwardFragments; ++f) accumulators_to_operand(p[f], s[f]);
+#pragma unroll
+      for (int step = 0; step < kScoreSteps; ++step)
+#pragma unroll
+        for (int n0 = 0; n0 < kDv; n0 += 16) {
+          std::uint32_t b[4];
+          load_matrix_x4_transposed(b, b_columns<kDv>(v_tile, step * 16, n0));
+#pragma unroll
+          for (int f = 0; f < kForwardFragments; ++f) {
+            mma_bf16(o[f][n0 / 8], p[f][step], b[0], b[1]);
+            mma_bf16(o[f][n0 / 8 + 1], p[f][step], b[2], b[3]);
+          }
+        }
     }
-    std::uint32_t p[kScoreSteps][4];
-    accumulators_to_operand(p, s);
-    mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(o, p, v_tiles + stage * Layout::v);
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float total = quad_sum(row_sum[r]);
-    const int t = i0 + lane.row(2 * r);
-    if (t >= T) continue;
-    const float inverse = 1.0f / total;
-    bf16* row = out + head.activation_offset(t, dims.head_dim);
+  for (int f = 0; f < kForwardFragments; ++f)
 #pragma unroll
-    for (int nb = 0; nb < kDv / 8; ++nb)
-      *reinterpret_cast<__nv_bfloat162*>(row + lane.column(nb, 0)) =
-          __floats2bfloat162_rn(o[nb][2 * r] * inverse, o[nb][2 * r + 1] * inverse);
-    if (lane.q == 0) lse[head.statistic_index(t)] = (row_max[r] + log2f(total)) * kLn2;
-  }
+    for (int r = 0; r < 2; ++r) {
+      const float total = quad_sum(row_sum[f][r]);
+      const int t = i0 + row_of(f, 2 * r);
+      if (t >= T) continue;
+      const float inverse = 1.0f / total;
+      bf16* row = out + head.activation_offset(t, dims.head_dim);
+#pragma unroll
+      for (int nb = 0; nb < kDv / 8; ++nb)
+        *reinterpret_cast<__nv_bfloat162*>(row + column_of(nb, 0)) =
+            __floats2bfloat162_rn(o[f][nb][2 * r] * inverse, o[f][nb][2 * r + 1] * inverse);
+      if (quad == 0) lse[head.statistic_index(t)] = (row_max[f][r] + log2f(total)) * kLn2;
+    }
 }
 
 // ---------------------------------------------------------------- key gradients (dk̃, dv, Ĝ)
@@ -262,7 +326,7 @@ __global__ void __launch_bounds__(kThreads)
     load_tile_async<kDv>(dout_tiles + stage * Layout::dout, dout, head.channels, i0, kTile, T);
     stage_rows_async(lse_slots + stage * kTile, lse, i0, T);
     stage_rows_async(row_dot_slots + stage * kTile, row_dot, i0, T);
-    if (has_bias) stage_bias_async(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
   load_tile_async<kW>(k_tile, head.k, kW, j0, kTile, T);
@@ -420,7 +484,7 @@ __global__ void __launch_bounds__(kThreads)
     const int j0 = kb * kTile;
     load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
   load_tile_async<kW>(q_tile, head.q, kW, i0, kTile, T);
@@ -490,8 +554,8 @@ __global__ void __launch_bounds__(kThreads)
 
 int blocks_of(int seq_len) { return (seq_len + kTile - 1) / kTile; }
 
-dim3 tile_grid(const AttentionDims& dims) {
-  return dim3(unsigned(dims.batch * dims.n_head), unsigned(blocks_of(dims.seq_len)));
+dim3 tile_grid(const AttentionDims& dims, int rows_per_block = kTile) {
+  return dim3(unsigned(dims.batch * dims.n_head), unsigned((dims.seq_len + rows_per_block - 1) / rows_per_block));
 }
 
 // Calls launch(std::integral_constant<int, W>, std::integral_constant<int, Dv>) for the
@@ -527,8 +591,8 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
   if (!flash_attention_supports(dims, in)) return cudaErrorInvalidValue;
   return with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
-    return launch_with_shared<flash_forward_kernel<kW, kDv>>(tile_grid(dims), kThreads, ForwardLayout<kW, kDv>::bytes,
-                                                             stream, dims, in, out, lse);
+    return launch_with_shared<flash_forward_kernel<kW, kDv>>(tile_grid(dims, kForwardRows), kForwardThreads,
+                                                             ForwardLayout<kW, kDv>::bytes, stream, dims, in, out, lse);
   });
 }
 

@@ -1,8 +1,13 @@
-// The q/k transform kernels. Threads map to (row n = b·T + t, head h, channel c) with c
-// fastest, so reads of qkv and writes of the encoded rows are coalesced. Angles come from
-// double frequency tables (see rotation_by in encoding_math.cuh).
+// The q/k transform kernels. One thread per (row n = b·T + t, head h, group of kGroup
+// consecutive channels) with the group fastest, so reads of qkv and writes of the encoded
+// rows are coalesced 16-byte vectors where the sizes allow (kGroup = 8), single elements
+// otherwise. Angles come from double frequency tables (see rotation_by in encoding_math.cuh).
+#include <cstdint>
+#include <type_traits>
+
 #include "attention/encoding_math.cuh"
 #include "attention/qk_transform.cuh"
+#include "bf16_group.cuh"
 
 namespace pope::kernels {
 
@@ -11,20 +16,27 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 65535;
 
-// Where one thread's channel lives: head h's q or k columns of row n, and the encoded row.
-struct ChannelSite {
-  int c;  // channel of the head, 0..d−1
+// kGroup consecutive f32 values moved with one (kGroup = 8: two 16-byte) memory access.
+template <int kGroup>
+struct alignas(4 * kGroup) F32Group {
+  float element[kGroup];
+};
+
+// Where one thread's channel group lives: head h's q or k columns of row n, and the encoded row.
+struct GroupSite {
+  int c0;  // first channel of the group, 0..d−1
   int h;
   std::int64_t encoded;  // offset of the encoded row ((b·H + h)·T + t)·qk_width
   std::int64_t qkv;      // offset of the head's q or k columns in row n of qkv
   double position;       // absolute position of t
 };
 
-__device__ ChannelSite site_of(std::int64_t index, const AttentionDims& dims, int offset, bool is_key) {
-  ChannelSite site;
-  const int d = dims.head_dim, H = dims.n_head, T = dims.seq_len;
-  site.c = int(index % d);
-  const std::int64_t head_row = index / d;
+template <int kGroup>
+__device__ GroupSite site_of(std::int64_t index, const AttentionDims& dims, int offset, bool is_key) {
+  GroupSite site;
+  const int d = dims.head_dim, H = dims.n_head, T = dims.seq_len, groups = d / kGroup;
+  site.c0 = int(index % groups) * kGroup;
+  const std::int64_t head_row = index / groups;
   site.h = int(head_row % H);
   const std::int64_t n = head_row / H;  // row b·T + t of qkv
   const std::int64_t b = n / T;
@@ -36,6 +48,19 @@ __device__ ChannelSite site_of(std::int64_t index, const AttentionDims& dims, in
   return site;
 }
 
+template <int kGroup>
+__device__ Bf16Group<kGroup> load_bf16(const __nv_bfloat16* at) {
+  return *reinterpret_cast<const Bf16Group<kGroup>*>(at);
+}
+template <int kGroup>
+__device__ void store_bf16(__nv_bfloat16* at, const Bf16Group<kGroup>& value) {
+  *reinterpret_cast<Bf16Group<kGroup>*>(at) = value;
+}
+template <int kGroup>
+__device__ F32Group<kGroup> load_f32(const float* at) {
+  return *reinterpret_cast<const F32Group<kGroup>*>(at);
+}
+
 __device__ bool delta_applies(const QkTransformParams& transform, bool is_key) {
   return is_key && transform.delta != nullptr;
 }
@@ -44,105 +69,159 @@ __device__ float delta_of(const QkTransformParams& transform, bool is_key, int h
   return delta_applies(transform, is_key) ? transform.delta[std::int64_t(h) * d + c] : 0.0f;
 }
 
-// blockIdx.y selects queries (0) or keys (1).
+__device__ PhaseRotation pope_phase_of(const QkTransformParams& transform, const GroupSite& site, bool is_key, int d,
+                                       int c) {
+  return pope_phase(site.position, transform.frequencies[c], delta_applies(transform, is_key),
+                    delta_of(transform, is_key, site.h, d, c));
+}
+
+__host__ __device__ std::int64_t group_count(const AttentionDims& dims, int group) {
+  return std::int64_t(dims.batch) * dims.seq_len * dims.n_head * (dims.head_dim / group);
+}
+
+// blockIdx.y selects queries (0) or keys (1). RoPE with kGroup > 1 needs rotary_pairs % kGroup == 0,
+// so that a group lies wholly among the first channels of pairs, the second ones, or the rest.
+template <int kGroup>
 __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
                                  __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded) {
   const bool is_key = blockIdx.y == 1;
   __nv_bfloat16* encoded = is_key ? k_encoded : q_encoded;
   const int d = dims.head_dim, pairs = transform.rotary_pairs;
-  const std::int64_t total = std::int64_t(dims.batch) * dims.seq_len * dims.n_head * d;
+  const std::int64_t total = group_count(dims, kGroup);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const ChannelSite site = site_of(i, dims, transform.position_offset, is_key);
+    const GroupSite site = site_of<kGroup>(i, dims, transform.position_offset, is_key);
     const __nv_bfloat16* x = qkv + site.qkv;
     __nv_bfloat16* y = encoded + site.encoded;
-    const int c = site.c;
+    const int c0 = site.c0;
     switch (transform.kind) {
       case QkTransformKind::identity:
-        y[c] = x[c];
+        store_bf16<kGroup>(y + c0, load_bf16<kGroup>(x + c0));
         break;
       case QkTransformKind::rope:
-        // Thread c < pairs writes the pair (c, c + pairs); channels past 2·pairs pass through.
-        if (c < pairs) {
-          const PhaseRotation r = rotation_by(site.position * transform.frequencies[c]);
-          float a, b;
-          rotate_pair(__bfloat162float(x[c]), __bfloat162float(x[c + pairs]), r, a, b);
-          y[c] = __float2bfloat16(a);
-          y[c + pairs] = __float2bfloat16(b);
-        } else if (c >= 2 * pairs) {
-          y[c] = x[c];
+        // Channels c < pairs write the pair (c, c + pairs); channels past 2·pairs pass through.
+        if (c0 < pairs) {
+          const Bf16Group<kGroup> first = load_bf16<kGroup>(x + c0), second = load_bf16<kGroup>(x + c0 + pairs);
+          Bf16Group<kGroup> out_first, out_second;
+#pragma unroll
+          for (int k = 0; k < kGroup; ++k) {
+            const PhaseRotation r = rotation_by(site.position * transform.frequencies[c0 + k]);
+            float a, b;
+            rotate_pair(first.get(k), second.get(k), r, a, b);
+            out_first.set(k, a);
+            out_second.set(k, b);
+          }
+          store_bf16<kGroup>(y + c0, out_first);
+          store_bf16<kGroup>(y + c0 + pairs, out_second);
+        } else if (c0 >= 2 * pairs) {
+          store_bf16<kGroup>(y + c0, load_bf16<kGroup>(x + c0));
         }
         break;
       case QkTransformKind::pope: {
-        const PhaseRotation r = pope_phase(site.position, transform.frequencies[c], delta_applies(transform, is_key),
-                                           delta_of(transform, is_key, site.h, d, c));
-        const float mu = pope_magnitude(transform.magnitude, __bfloat162float(x[c]));
-        y[c] = __float2bfloat16(mu * r.cos);
-        y[d + c] = __float2bfloat16(mu * r.sin);
+        const Bf16Group<kGroup> in = load_bf16<kGroup>(x + c0);
+        Bf16Group<kGroup> real, imaginary;
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const PhaseRotation r = pope_phase_of(transform, site, is_key, d, c0 + k);
+          const float mu = pope_magnitude(transform.magnitude, in.get(k));
+          real.set(k, mu * r.cos);
+          imaginary.set(k, mu * r.sin);
+        }
+        store_bf16<kGroup>(y + c0, real);
+        store_bf16<kGroup>(y + d + c0, imaginary);
         break;
       }
     }
   }
 }
 
+template <int kGroup>
 __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
                                           const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv) {
   const bool is_key = blockIdx.y == 1;
   const float* dencoded = is_key ? dk_encoded : dq_encoded;
   const int d = dims.head_dim, pairs = transform.rotary_pairs;
-  const std::int64_t total = std::int64_t(dims.batch) * dims.seq_len * dims.n_head * d;
+  const std::int64_t total = group_count(dims, kGroup);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const ChannelSite site = site_of(i, dims, transform.position_offset, is_key);
+    const GroupSite site = site_of<kGroup>(i, dims, transform.position_offset, is_key);
     const float* dy = dencoded + site.encoded;
     __nv_bfloat16* dx = dqkv + site.qkv;
-    const int c = site.c;
+    const int c0 = site.c0;
+    Bf16Group<kGroup> out;
     switch (transform.kind) {
-      case QkTransformKind::identity:
-        dx[c] = __float2bfloat16(dy[c]);
+      case QkTransformKind::identity: {
+        const F32Group<kGroup> grad = load_f32<kGroup>(dy + c0);
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) out.set(k, grad.element[k]);
+        store_bf16<kGroup>(dx + c0, out);
         break;
+      }
       case QkTransformKind::rope:
-        if (c < pairs) {
-          const PhaseRotation r = rotation_by(site.position * transform.frequencies[c]);
-          float da, db;
-          unrotate_pair(dy[c], dy[c + pairs], r, da, db);
-          dx[c] = __float2bfloat16(da);
-          dx[c + pairs] = __float2bfloat16(db);
-        } else if (c >= 2 * pairs) {
-          dx[c] = __float2bfloat16(dy[c]);
+        if (c0 < pairs) {
+          const F32Group<kGroup> first = load_f32<kGroup>(dy + c0), second = load_f32<kGroup>(dy + c0 + pairs);
+          Bf16Group<kGroup> out_second;
+#pragma unroll
+          for (int k = 0; k < kGroup; ++k) {
+            const PhaseRotation r = rotation_by(site.position * transform.frequencies[c0 + k]);
+            float da, db;
+            unrotate_pair(first.element[k], second.element[k], r, da, db);
+            out.set(k, da);
+            out_second.set(k, db);
+          }
+          store_bf16<kGroup>(dx + c0, out);
+          store_bf16<kGroup>(dx + c0 + pairs, out_second);
+        } else if (c0 >= 2 * pairs) {
+          const F32Group<kGroup> grad = load_f32<kGroup>(dy + c0);
+#pragma unroll
+          for (int k = 0; k < kGroup; ++k) out.set(k, grad.element[k]);
+          store_bf16<kGroup>(dx + c0, out);
         }
         break;
       case QkTransformKind::pope: {
-        const PhaseRotation r = pope_phase(site.position, transform.frequencies[c], delta_applies(transform, is_key),
-                                           delta_of(transform, is_key, site.h, d, c));
-        const float x = __bfloat162float(qkv[site.qkv + c]);
-        const float dmu = pope_magnitude_grad(dy[c], dy[d + c], r);
-        dx[c] = __float2bfloat16(dmu * pope_magnitude_derivative(transform.magnitude, x));
+        const Bf16Group<kGroup> in = load_bf16<kGroup>(qkv + site.qkv + c0);
+        const F32Group<kGroup> real = load_f32<kGroup>(dy + c0), imaginary = load_f32<kGroup>(dy + d + c0);
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const PhaseRotation r = pope_phase_of(transform, site, is_key, d, c0 + k);
+          const float dmu = pope_magnitude_grad(real.element[k], imaginary.element[k], r);
+          out.set(k, dmu * pope_magnitude_derivative(transform.magnitude, in.get(k)));
+        }
+        store_bf16<kGroup>(dx + c0, out);
         break;
       }
     }
   }
 }
 
-constexpr int kDeltaChannels = 32;  // lanes ↔ channels
-constexpr int kDeltaWarps = 8;      // warps ↔ interleaved rows
+constexpr int kDeltaChannels = 32;       // lanes ↔ channels
+constexpr int kDeltaWarps = 8;           // warps ↔ interleaved rows of a chunk
+constexpr int kDeltaRowsPerChunk = 256;  // rows n = b·T + t summed by one block
 
-// Block (h, channel group): lane ↔ channel c, warp w sums rows n ≡ w (mod kDeltaWarps) in
-// increasing order, then warp 0 adds the warps' sums in warp order: a fixed summation order,
-// so the result is the same on every run.
+std::int64_t delta_chunks(const AttentionDims& dims) {
+  return (std::int64_t(dims.batch) * dims.seq_len + kDeltaRowsPerChunk - 1) / kDeltaRowsPerChunk;
+}
+
+// Block (chunk, h, channel group): lane ↔ channel c, warp w sums the chunk's rows n ≡ w (mod
+// kDeltaWarps) in increasing order, then warp 0 adds the warps' sums in warp order and writes
+// the chunk's partial sum; delta_reduce_kernel adds the chunks in chunk order. A summation
+// order fixed by the sizes alone, so the result is the same on every run.
 __global__ void __launch_bounds__(kDeltaChannels* kDeltaWarps)
-    pope_delta_gradient_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
-                               const float* dk_encoded, float* delta_grad) {
+    pope_delta_partial_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
+                              const float* dk_encoded, float* partials) {
   __shared__ float partial[kDeltaWarps][kDeltaChannels];
   const int lane = threadIdx.x % kDeltaChannels, warp = threadIdx.x / kDeltaChannels;
-  const int h = blockIdx.x, c = blockIdx.y * kDeltaChannels + lane;
+  const std::int64_t chunk = blockIdx.x;
+  const int h = blockIdx.y, c = blockIdx.z * kDeltaChannels + lane;
   const int d = dims.head_dim, H = dims.n_head, T = dims.seq_len;
   const bool owns_channel = c < d;
   const float delta = owns_channel ? transform.delta[std::int64_t(h) * d + c] : 0.0f;
   float sum = 0.0f;
   if (owns_channel && pope_delta_in_range(delta)) {
     const std::int64_t channels = std::int64_t(H) * d, rows = std::int64_t(dims.batch) * T;
-    for (std::int64_t n = warp; n < rows; n += kDeltaWarps) {
+    const std::int64_t first = chunk * kDeltaRowsPerChunk;
+    const std::int64_t end = first + kDeltaRowsPerChunk < rows ? first + kDeltaRowsPerChunk : rows;
+    for (std::int64_t n = first + warp; n < end; n += kDeltaWarps) {
       const std::int64_t b = n / T;
       const int t = int(n % T);
       const float x = __bfloat162float(qkv[n * 3 * channels + channels + std::int64_t(h) * d + c]);
@@ -157,8 +236,19 @@ __global__ void __launch_bounds__(kDeltaChannels* kDeltaWarps)
   if (warp == 0 && owns_channel) {
     float total = 0.0f;
     for (int w = 0; w < kDeltaWarps; ++w) total += partial[w][lane];
-    delta_grad[std::int64_t(h) * d + c] += total;
+    partials[(chunk * H + h) * d + c] = total;
   }
+}
+
+// Thread (h, c): dL/dδ_hc += Σ_chunk partials[chunk, h, c], chunks in increasing order.
+__global__ void pope_delta_reduce_kernel(AttentionDims dims, std::int64_t chunks, const float* partials,
+                                         float* delta_grad) {
+  const std::int64_t count = std::int64_t(dims.n_head) * dims.head_dim;
+  const std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  float total = 0.0f;
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) total += partials[chunk * count + i];
+  delta_grad[i] += total;
 }
 
 unsigned grid_for(std::int64_t count) {
@@ -166,37 +256,74 @@ unsigned grid_for(std::int64_t count) {
   return unsigned(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-std::int64_t channel_count(const AttentionDims& dims) {
-  return std::int64_t(dims.batch) * dims.seq_len * dims.n_head * dims.head_dim;
+bool aligned_to(const void* pointer, std::uintptr_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+}
+
+// Calls launch(std::integral_constant<int, G>{}) with G = kVectorGroup when every channel group
+// of 8 is one aligned vector in qkv, the encoded rows and (f32) their gradients, else G = 1.
+template <class Launch>
+cudaError_t with_group(const AttentionDims& dims, const QkTransformParams& transform, const void* qkv,
+                       const void* encoded_a, const void* encoded_b, std::uintptr_t encoded_alignment,
+                       Launch&& launch) {
+  const bool pairs_fit = transform.kind != QkTransformKind::rope || transform.rotary_pairs % kVectorGroup == 0;
+  const bool vectorizable = dims.head_dim % kVectorGroup == 0 && dims.qk_width % kVectorGroup == 0 && pairs_fit &&
+                            aligned_to(qkv, 16) && aligned_to(encoded_a, encoded_alignment) &&
+                            aligned_to(encoded_b, encoded_alignment);
+  if (vectorizable) return launch(std::integral_constant<int, kVectorGroup>{});
+  return launch(std::integral_constant<int, 1>{});
 }
 
 }  // namespace
 
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                       __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream) {
-  const std::int64_t count = channel_count(dims);
-  if (count == 0) return cudaSuccess;
-  encode_qk_kernel<<<dim3(grid_for(count), 2), kThreads, 0, stream>>>(dims, transform, qkv, q_encoded, k_encoded);
-  return cudaGetLastError();
+  if (group_count(dims, 1) == 0) return cudaSuccess;
+  return with_group(dims, transform, qkv, q_encoded, k_encoded, 16, [&](auto group) {
+    constexpr int kGroup = decltype(group)::value;
+    encode_qk_kernel<kGroup><<<dim3(grid_for(group_count(dims, kGroup)), 2), kThreads, 0, stream>>>(
+        dims, transform, qkv, q_encoded, k_encoded);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                                const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
                                cudaStream_t stream) {
-  const std::int64_t count = channel_count(dims);
-  if (count == 0) return cudaSuccess;
-  encode_qk_backward_kernel<<<dim3(grid_for(count), 2), kThreads, 0, stream>>>(dims, transform, qkv, dq_encoded,
-                                                                               dk_encoded, dqkv);
-  return cudaGetLastError();
+  if (group_count(dims, 1) == 0) return cudaSuccess;
+  if (!aligned_to(dqkv, 16)) {  // the bf16 outputs must take 16-byte stores too
+    encode_qk_backward_kernel<1><<<dim3(grid_for(group_count(dims, 1)), 2), kThreads, 0, stream>>>(
+        dims, transform, qkv, dq_encoded, dk_encoded, dqkv);
+    return cudaGetLastError();
+  }
+  return with_group(dims, transform, qkv, dq_encoded, dk_encoded, 32, [&](auto group) {
+    constexpr int kGroup = decltype(group)::value;
+    encode_qk_backward_kernel<kGroup><<<dim3(grid_for(group_count(dims, kGroup)), 2), kThreads, 0, stream>>>(
+        dims, transform, qkv, dq_encoded, dk_encoded, dqkv);
+    return cudaGetLastError();
+  });
+}
+
+std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims) {
+  return std::size_t(delta_chunks(dims)) * dims.n_head * dims.head_dim;
 }
 
 cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
-                                const float* dk_encoded, float* delta_grad, cudaStream_t stream) {
-  if (transform.kind != QkTransformKind::pope || transform.delta == nullptr) return cudaErrorInvalidValue;
-  if (channel_count(dims) == 0) return cudaSuccess;
-  const dim3 grid(unsigned(dims.n_head), unsigned((dims.head_dim + kDeltaChannels - 1) / kDeltaChannels));
-  pope_delta_gradient_kernel<<<grid, kDeltaChannels * kDeltaWarps, 0, stream>>>(dims, transform, qkv, dk_encoded,
-                                                                                delta_grad);
+                                const float* dk_encoded, float* partials, float* delta_grad, cudaStream_t stream) {
+  if (transform.kind != QkTransformKind::pope || transform.delta == nullptr || partials == nullptr)
+    return cudaErrorInvalidValue;
+  if (group_count(dims, 1) == 0) return cudaSuccess;
+  const std::int64_t chunks = delta_chunks(dims);
+  if (chunks > 0x7fffffff || dims.n_head > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(chunks), unsigned(dims.n_head),
+                  unsigned((dims.head_dim + kDeltaChannels - 1) / kDeltaChannels));
+  pope_delta_partial_kernel<<<grid, kDeltaChannels * kDeltaWarps, 0, stream>>>(dims, transform, qkv, dk_encoded,
+                                                                               partials);
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  const std::int64_t count = std::int64_t(dims.n_head) * dims.head_dim;
+  pope_delta_reduce_kernel<<<unsigned((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(dims, chunks, partials,
+                                                                                                  delta_grad);
   return cudaGetLastError();
 }
 

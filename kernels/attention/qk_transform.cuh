@@ -6,11 +6,14 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "attention/attention_params.cuh"
 
 namespace pope::kernels {
 
-// q̃, k̃ of every (batch, head, position); one thread per input channel.
+// q̃, k̃ of every (batch, head, position); one thread per 8 input channels (16-byte vectors)
+// where head_dim, q/k width and RoPE's rotary pairs are multiples of 8, else per channel.
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                       __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream);
 
@@ -20,10 +23,15 @@ cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParam
                                const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
                                cudaStream_t stream);
 
+// f32 scratch pope_delta_gradient needs: one partial sum per (chunk of 256 rows b·T + t, head, channel).
+std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims);
+
 // PoPE: ACCUMULATES dL/dδ [n_head, head_dim] += Σ over batch and positions of the keys'
 // phase gradients, for δ inside [−2π, 0] (zero gradient outside). Deterministic: one block
-// per (head, 32 channels) sums the rows in a fixed order. transform.delta must be set.
+// per (chunk of 256 rows, head, 32 channels) writes its partial sum to `partials`
+// (pope_delta_gradient_partial_floats), then one thread per (head, channel) adds the chunks
+// in chunk order. transform.delta must be set.
 cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
-                                const float* dk_encoded, float* delta_grad, cudaStream_t stream);
+                                const float* dk_encoded, float* partials, float* delta_grad, cudaStream_t stream);
 
 }  // namespace pope::kernels

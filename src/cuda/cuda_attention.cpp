@@ -136,7 +136,7 @@ bool use_flash(const AttentionDims& dims, const kernels::EncodedAttention& in, c
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials;
+  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias;
 
@@ -267,7 +267,10 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   POPE_CUDA_CHECK(
       kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv, stream));
   if (transform.kind == QkTransformKind::pope && transform.delta != nullptr) {
-    POPE_CUDA_CHECK(kernels::pope_delta_gradient(dims, transform, in.qkv, gradients.dk, grads.front(), stream));
+    float* partials =
+        reserve_elements<float>(scratch_->delta_grad_partials, kernels::pope_delta_gradient_partial_floats(dims));
+    POPE_CUDA_CHECK(
+        kernels::pope_delta_gradient(dims, transform, in.qkv, gradients.dk, partials, grads.front(), stream));
   }
 }
 
