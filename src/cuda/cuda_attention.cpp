@@ -3,7 +3,10 @@
 // kernels/attention/ over scratch that grows once per larger shape:
 //   forward:  encode q̃, k̃ (bf16) → causal attention → out (bf16), lse (f32)
 //   backward: encode q̃, k̃ again → dq̃, dk̃ (f32) and dv → transform backward → dqkv (bf16),
-//             plus the encoding's parameter gradients (PoPE's δ), accumulated in f32.
+//             plus the encoding's parameter gradients (PoPE's δ; a PJ-bias's parameters from
+//             the fused kernel's diagonal sums Ĝ), accumulated in f32.
+// A PJ-RoPE method (ComposedEncoding) is its transform part's q/k transform plus a bias
+// table that kernels/attention/pj_bias.cu builds on the device from the layer's parameters.
 // The attention itself runs on the fused tensor-core kernels (flash_attention.cuh) where they
 // handle the widths, else on the simple kernels (causal_attention.cuh); `use_flash` is the one
 // place that chooses.
@@ -18,6 +21,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -30,6 +34,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_tensor_checks.hpp"
 #include "cuda/device_scratch.hpp"
+#include "cuda/pj_bias_layer.hpp"
 
 namespace pope::cuda {
 
@@ -136,7 +141,7 @@ bool use_flash(const AttentionDims& dims, const kernels::EncodedAttention& in, c
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials;
+  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias;
 
@@ -144,6 +149,12 @@ struct AttentionRunner::Scratch {
   // GPU path does not know, naming them.
   QkTransformParams transform(std::string_view op, const PositionEncoding& encoding, const PositionContext& ctx,
                               const std::vector<float*>& params, cudaStream_t stream) {
+    if (const auto* composed = dynamic_cast<const ComposedEncoding*>(&encoding)) {
+      // A PJ-RoPE method: the q/k transform of its first part, whose parameters come first.
+      const std::size_t own = composed->transform_parameter_count(ctx.n_head, ctx.head_dim);
+      const std::vector<float*> transform_params(params.begin(), params.begin() + std::ptrdiff_t(own));
+      return transform(op, composed->transform_part(), ctx, transform_params, stream);
+    }
     QkTransformParams plan;
     plan.position_offset = ctx.position_offset;
     if (dynamic_cast<const NopeEncoding*>(&encoding) || dynamic_cast<const AlibiEncoding*>(&encoding)) {
@@ -164,18 +175,25 @@ struct AttentionRunner::Scratch {
       return plan;
     }
     throw std::runtime_error(
-        fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi)", op,
-                    encoding.kind()));
+        fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi "
+                    "and the PJ-RoPE methods without pj_rotary)",
+                    op, encoding.kind()));
   }
 
   // Score scale and, for encodings with a score bias, the [n_head, T] table b_h(Δ).
   kernels::ScoreParams score(std::string_view op, const PositionEncoding& encoding, const PositionContext& ctx,
-                             cudaStream_t stream) {
+                             const std::vector<float*>& layer_params, cudaStream_t stream) {
     kernels::ScoreParams params;
     params.scale = static_cast<float>(encoding.softmax_scale(ctx));
     if (!encoding.has_score_bias()) return params;
-    // Tables from learnable parameters (PJ-bias) must be built on the device; only
-    // parameter-free biases (ALiBi) are tabulated on the host.
+    // A PJ-bias is tabulated on the device from its parameters (no host round trip, so the
+    // step stays capturable); parameter-free biases (ALiBi) are tabulated on the host.
+    if (const std::optional<PjBiasLayer> pj = pj_bias_layer(encoding, ctx, layer_params)) {
+      auto* table = reserve_elements<float>(pj_table, std::size_t(ctx.n_head) * std::size_t(ctx.seq_len));
+      POPE_CUDA_CHECK(kernels::pj_bias_table(pj->params, ctx.seq_len, table, stream));
+      params.bias = table;
+      return params;
+    }
     if (!encoding.layer_parameters(ctx.n_head, ctx.head_dim).empty()) {
       throw std::runtime_error(fmt::format(
           "{}: encoding '{}' has a score bias with learnable parameters, not supported by the CUDA attention yet", op,
@@ -213,7 +231,7 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   const PositionEncoding& encoding = *args.encoding;
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
-  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, stream);
+  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
   const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
   auto* out = static_cast<__nv_bfloat16*>(args.out.data);
   auto* lse = static_cast<float*>(args.lse.data);
@@ -235,7 +253,7 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
-  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, stream);
+  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
   const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
 
   const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
@@ -248,6 +266,15 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
   gradients.dqkv = static_cast<__nv_bfloat16*>(args.dqkv.data);
   const bool flash = use_flash(dims, in, gradients.dout);
+  // A PJ-bias takes its parameter gradients from the diagonal sums Ĝ of dS, zeroed here
+  // because the kernels accumulate into them.
+  const std::optional<PjBiasLayer> pj = pj_bias_layer(encoding, args.position, params, grads);
+  if (pj) {
+    require(bias_table_grad == nullptr, op, "a bias-table gradient was asked for, but the PJ-bias consumes it itself");
+    const std::size_t lags = std::size_t(dims.n_head) * std::size_t(dims.seq_len);
+    bias_table_grad = reserve_elements<float>(scratch_->pj_diag_grad, lags);
+    POPE_CUDA_CHECK(cudaMemsetAsync(bias_table_grad, 0, lags * sizeof(float), stream));
+  }
   if (bias_table_grad != nullptr) {
     require(in.score.bias != nullptr, op,
             fmt::format("a bias-table gradient was asked for, but encoding '{}' has no score bias", encoding.kind()));
@@ -266,6 +293,7 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   }
   POPE_CUDA_CHECK(
       kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv, stream));
+  if (pj) POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, stream));
   if (transform.kind == QkTransformKind::pope && transform.delta != nullptr) {
     float* partials =
         reserve_elements<float>(scratch_->delta_grad_partials, kernels::pope_delta_gradient_partial_floats(dims));

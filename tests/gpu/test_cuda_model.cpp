@@ -93,3 +93,8 @@ TEST_P(CudaModel, StepMatchesTheCpuReference) {
 
 INSTANTIATE_TEST_SUITE_P(Encodings, CudaModel, ::testing::Values("nope", "rope", "pope", "alibi"),
                          [](const auto& info) { return info.param; });
+
+// PJ-RoPE methods: the bias table built on the device, its parameters' gradients from the
+// fused kernel's diagonal sums Ĝ (every sector in `full`; RoPE + the affine sector).
+INSTANTIATE_TEST_SUITE_P(PjRopeMethods, CudaModel, ::testing::Values("full", "rope_affine", "fj_lc"),
+                         [](const auto& info) { return info.param; });
