@@ -10,6 +10,7 @@ PACKAGES=(
   libopenblas-dev
   libpcre2-dev liblzma-dev zlib1g-dev xz-utils
   python3 python3-numpy
+  gnuplot-nox     # scripts/plot_accuracy.sh (accuracy-vs-step plots of the indirect-indexing runs)
   python3-torch   # CPU PyTorch 1.13: the independent oracle (scripts/reference/torch_gpt.py) in the CLI tests
 )
 # Node.js and npm (tokenizer oracle, npm registry downloads): any installation will do, e.g. a
