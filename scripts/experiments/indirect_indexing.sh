@@ -134,7 +134,7 @@ for name, header, data in (("accuracy.csv", ["run", "encoding", "seed", "step", 
                            ("final.csv", ["run", "encoding", "seed", "step", "val_accuracy"], finals)):
     tmp = os.path.join(out, name + ".tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.writer(f)
+        writer = csv.writer(f, lineterminator="\n")
         writer.writerow(header)
         writer.writerows(data)
     os.replace(tmp, os.path.join(out, name))
