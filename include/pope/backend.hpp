@@ -224,7 +224,8 @@ struct OwnedTensor {
 };
 OwnedTensor allocate_tensor(Backend& backend, Shape shape, DType dtype);
 
-// Host copies of an f32 or f64 tensor (checkpoints store fp32; losses are read in double). Throws
+// Host copies of an f32, f64 or bf16 tensor (checkpoints store fp32; losses are read in double;
+// bf16 logits are read for argmax scoring). Throws
 // std::invalid_argument when the host span's size differs from the tensor's.
 std::vector<float> tensor_to_host_f32(Backend& backend, const Tensor& tensor);
 std::vector<double> tensor_to_host_f64(Backend& backend, const Tensor& tensor);

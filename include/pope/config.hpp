@@ -86,9 +86,24 @@ struct ModelConfig {
   int head_dim() const { return n_embd / n_head; }
 };
 
+// The synthetic indirect-indexing task (paper-setups.md): examples are a pure function of
+// (seed, split, index), so no split is ever stored.
+struct IndirectIndexingConfig {
+  std::uint64_t seed = 0;          // the data set itself; train.seed only orders the training draws
+  long train_size = 1000000;
+  int val_size = 10000;
+  int test_size = 10000;
+  int min_len = 20;                // source string length range, distinct letters of the 52
+  int max_len = 40;
+  int max_shift = 15;              // shifts in [−max_shift, max_shift]
+  bool zero_shift = false;         // whether shift 0 (target = source character) is allowed
+};
+
 struct DataConfig {
+  std::string kind = "tokens";     // tokens | indirect_indexing
   std::string train = "";          // token file (llm.c shard or nanoGPT .bin), directory or glob
   std::string val = "";            // empty: no validation
+  IndirectIndexingConfig indirect_indexing;
 };
 
 struct OptimConfig {

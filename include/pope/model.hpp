@@ -77,6 +77,11 @@ class Model {
   LossSum forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, double grad_scale);
   LossSum forward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
                   float* token_losses = nullptr);
+  // Forward of B sequences of T tokens, returning the logits over the real vocabulary of the
+  // flat positions `rows` (b·T + t), row after row: [rows.size() × vocab_size]. For tasks
+  // scored by the argmax at a few positions (indirect indexing); only the classifier chunks
+  // that hold a wanted row are computed.
+  std::vector<float> logits_at(const std::int32_t* tokens, int B, int T, std::span<const std::int64_t> rows);
   // The same forward and backward over tokens and targets already in backend memory (i32
   // [B·T]), reading nothing back and never synchronising, so that a training step can be
   // recorded and replayed: the sum of the token losses is ADDED to `loss_sum` (one f64

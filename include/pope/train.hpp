@@ -1,4 +1,4 @@
-// The training loop: data → micro-batches with gradient accumulation → AdamW step, with
+// The training loop: data (token files or the indirect-indexing task) → micro-batches with gradient accumulation → AdamW step, with
 // logging (console + metrics.jsonl), periodic validation and checkpoints, exact resume,
 // graceful stop on SIGINT/SIGTERM and a guard against non-finite losses. Data-parallel over
 // a Communicator's ranks: each rank reads its part of every global batch, gradients are
@@ -17,6 +17,7 @@
 #include "pope/communicator.hpp"
 #include "pope/config.hpp"
 #include "pope/data.hpp"
+#include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
 
@@ -46,6 +47,7 @@ struct TrainingSummary {
   long steps_done = 0;             // optimizer steps completed in total (incl. before resume)
   double last_train_loss = 0.0;
   std::optional<double> last_val_loss;
+  std::optional<double> last_val_accuracy;  // tasks scored by accuracy (indirect indexing)
   std::filesystem::path last_checkpoint;
   double seconds = 0.0;
 };
@@ -62,7 +64,8 @@ class Trainer {
   ~Trainer();
 
   TrainingSummary train();
-  // Mean loss over the configured validation windows (requires data.val).
+  // Mean loss over the configured validation windows (requires data.val), or over the
+  // indirect-indexing validation split (target tokens only).
   double evaluate();
 
   Model& model() { return *model_; }
@@ -75,6 +78,15 @@ class Trainer {
   static void install_signal_handlers();
 
  private:
+  struct Validation {
+    double loss = 0.0;
+    std::optional<IndirectIndexingScore> score;  // indirect indexing only
+  };
+  bool has_validation() const { return task_ != nullptr || val_sampler_ != nullptr; }
+  Validation compute_validation();
+  // Evaluates, logs and appends the metrics record of `step`.
+  Validation run_validation(long step);
+  void fill_training_rows(std::uint64_t first_sample, std::int32_t* inputs, std::int32_t* targets) const;
   void log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second, double eta_seconds);
   void append_metrics(const nlohmann::json& record);
   void save();
@@ -94,6 +106,7 @@ class Trainer {
   std::unique_ptr<TokenDataset> train_data_, val_data_;
   std::unique_ptr<RandomWindowSampler> train_sampler_;
   std::unique_ptr<SequentialWindowSampler> val_sampler_;
+  std::unique_ptr<IndirectIndexingTask> task_;  // data.kind indirect_indexing: replaces the token data
   TrainerState state_;
   std::filesystem::path last_checkpoint_;
   std::shared_ptr<void> logger_;

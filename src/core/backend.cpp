@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "cpu/cpu_ops.hpp"
+
 namespace pope {
 
 std::unique_ptr<GraphCapture> Backend::make_graph_capture() {
@@ -42,11 +44,15 @@ OwnedTensor allocate_tensor(Backend& backend, Shape shape, DType dtype) {
 
 namespace {
 
-// Copies an f32 or f64 tensor to the host as Out, converting on the host side.
+// Copies an f32, f64 or bf16 tensor to the host as Out, converting on the host side.
 template <class Out> std::vector<Out> to_host(Backend& backend, const Tensor& tensor) {
   std::vector<Out> out(static_cast<std::size_t>(tensor.numel()));
   if (tensor.dtype == dtype_of<Out>()) {
     backend.copy_to_host(out.data(), tensor);
+  } else if (tensor.dtype == DType::bf16) {
+    std::vector<std::uint16_t> bits(out.size());
+    backend.copy_to_host(bits.data(), tensor);
+    std::transform(bits.begin(), bits.end(), out.begin(), [](std::uint16_t b) { return Out(cpu::bf16_to_float(b)); });
   } else if (tensor.dtype == DType::f32) {
     std::vector<float> narrow(out.size());
     backend.copy_to_host(narrow.data(), tensor);

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
 
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include "core/config_schema.hpp"
 #include "core/position_methods.hpp"
 #include "pope/config.hpp"
+#include "pope/indirect_indexing.hpp"
 
 namespace pope {
 
@@ -168,6 +170,33 @@ void check_window(const RunConfig& config, const std::string& source) {
   }
 }
 
+// The indirect-indexing task generates its data: no token files, its own vocabulary, and
+// rows long enough for the longest prompt.
+void check_indirect_indexing(const RunConfig& config, const std::string& source) {
+  indirect_indexing::check_config(config.data.indirect_indexing, source);
+  for (const auto& [key, value] : {std::pair{"data.train", &config.data.train}, {"data.val", &config.data.val}}) {
+    if (!value->empty())
+      fail(key, fmt::format("expected \"\" with data.kind indirect_indexing (the task generates its data), found "
+                            "\"{}\"",
+                            *value),
+           source);
+  }
+  if (config.model.vocab_size != indirect_indexing::kVocabSize) {
+    fail("model.vocab_size",
+         fmt::format("expected {} (the indirect-indexing vocabulary) with data.kind indirect_indexing, found {}",
+                     indirect_indexing::kVocabSize, config.model.vocab_size),
+         source);
+  }
+  const int longest = indirect_indexing::max_prompt_length(config.data.indirect_indexing);
+  if (config.train.seq_len < longest) {
+    fail("train.seq_len",
+         fmt::format("expected at least {} (the longest indirect-indexing prompt: max_len {} + 8 separator, "
+                     "character and sign tokens + the shift's digits), found {}",
+                     longest, config.data.indirect_indexing.max_len, config.train.seq_len),
+         source);
+  }
+}
+
 // Hex of the 64-bit FNV-1a hash of `bytes`.
 std::string fnv1a_64_hex(const std::string& bytes) {
   std::uint64_t hash = 14695981039346656037ull;
@@ -188,6 +217,7 @@ void check_config(const RunConfig& config, const std::string& source) {
   check_model_shape(config.model, source);
   check_position(config.model, source);
   check_window(config, source);
+  if (config.data.kind == "indirect_indexing") check_indirect_indexing(config, source);
   if (auto problem = batch_split_problem(config.train, 1)) fail("train.batch_size", *problem, source);
   if (config.optim.min_lr > config.optim.lr) {
     fail("optim.min_lr",

@@ -23,10 +23,10 @@ Range above(double min) { return {.min = min, .min_exclusive = true, .max = {}, 
 Range fraction() { return {.min = 0.0, .min_exclusive = true, .max = 1.0, .max_exclusive = false}; }
 // [0, 1): an Adam moment decay.
 Range decay_rate() { return {.min = 0.0, .min_exclusive = false, .max = 1.0, .max_exclusive = true}; }
+// [min, max], both included.
+Range between(double min, double max) { return {.min = min, .min_exclusive = false, .max = max, .max_exclusive = false}; }
 // Any value of the member's type (integers are still checked to fit it).
 Range any() { return {}; }
-// [lo, hi]
-Range between(double lo, double hi) { return {.min = lo, .min_exclusive = false, .max = hi, .max_exclusive = false}; }
 
 std::vector<std::string_view> position_kinds() {
   std::vector<std::string_view> kinds;
@@ -64,8 +64,18 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(model.position.pj.rotary_order), between(0, kMaxPjOrder)},
       {POPE_CONFIG_KEY(model.position.pj.rotary_eta), at_least(0)},
       {POPE_CONFIG_KEY(model.position.pj.rotary_base), above(1)},
+      {POPE_CONFIG_KEY(data.kind), any(), {"tokens", "indirect_indexing"}},
       {POPE_CONFIG_KEY(data.train)},
       {POPE_CONFIG_KEY(data.val)},
+      {POPE_CONFIG_KEY(data.indirect_indexing.seed), any()},
+      {POPE_CONFIG_KEY(data.indirect_indexing.train_size), at_least(1)},
+      {POPE_CONFIG_KEY(data.indirect_indexing.val_size), at_least(1)},
+      {POPE_CONFIG_KEY(data.indirect_indexing.test_size), at_least(1)},
+      // Letters of a source string are distinct, so at most the 52 of the alphabet.
+      {POPE_CONFIG_KEY(data.indirect_indexing.min_len), between(2, 52)},
+      {POPE_CONFIG_KEY(data.indirect_indexing.max_len), between(2, 52)},
+      {POPE_CONFIG_KEY(data.indirect_indexing.max_shift), at_least(0)},
+      {POPE_CONFIG_KEY(data.indirect_indexing.zero_shift)},
       {POPE_CONFIG_KEY(optim.lr), at_least(0)},
       {POPE_CONFIG_KEY(optim.min_lr), at_least(0)},
       {POPE_CONFIG_KEY(optim.warmup_steps), at_least(0)},

@@ -284,6 +284,35 @@ LossSum Model::run(const std::int32_t* tokens, const std::int32_t* targets, int 
   return result;
 }
 
+std::vector<float> Model::logits_at(const std::int32_t* tokens, int B, int T, std::span<const std::int64_t> rows) {
+  if (B <= 0 || T <= 0) throw std::invalid_argument(fmt::format("batch {} × length {} must be positive", B, T));
+  const std::int64_t N = std::int64_t(B) * T;
+  for (std::int64_t row : rows)
+    if (row < 0 || row >= N)
+      throw std::invalid_argument(fmt::format("logits_at: row {} outside the B·T = {} positions", row, N));
+  check_tokens({tokens, std::size_t(N)}, {}, config_.vocab_size);
+  reserve(B, T);
+  Activations& a = *acts_;
+  backend_.copy_from_host(a.tokens.tensor, tokens);
+  forward_pass(a.tokens.tensor, B, T);
+
+  const std::size_t V = std::size_t(config_.vocab_size), padded = std::size_t(config_.padded_vocab_size);
+  std::vector<float> out(rows.size() * V);
+  for (std::int64_t r0 = 0; r0 < N; r0 += kClassifierRows) {
+    const std::int64_t r1 = std::min<std::int64_t>(N, r0 + kClassifierRows);
+    if (std::none_of(rows.begin(), rows.end(), [&](std::int64_t row) { return row >= r0 && row < r1; })) continue;
+    const Tensor logits = a.logits.tensor.rows(0, r1 - r0);
+    backend_.matmul(logits, a.final_norm.tensor.rows(r0, r1), weight(wte_), false, true);
+    const std::vector<float> chunk = tensor_to_host_f32(backend_, logits);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < r0 || rows[i] >= r1) continue;
+      const float* logit_row = chunk.data() + std::size_t(rows[i] - r0) * padded;
+      std::copy(logit_row, logit_row + V, out.begin() + std::ptrdiff_t(i * V));
+    }
+  }
+  return out;
+}
+
 // Embedding, the layers and the final norm, into the activations reserved for B × T.
 void Model::forward_pass(Tensor tokens, int B, int T) {
   Activations& a = *acts_;

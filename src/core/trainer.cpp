@@ -54,7 +54,8 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   if (communicator_->size() > 1 && !backend_)
     throw std::invalid_argument("Trainer: a communicator of several ranks needs the backend it was made for");
   validate(config_);
-  if (config_.data.train.empty())
+  const bool task = config_.data.kind == "indirect_indexing";
+  if (!task && config_.data.train.empty())
     throw ConfigError("data.train", "a training token file is required (see data/README.md)");
   run_dir_ = options_.run_dir;
   if (run_dir_.empty()) throw std::invalid_argument("Trainer needs a run directory");
@@ -89,9 +90,13 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
                           : std::string("[%Y-%m-%d %H:%M:%S] %^%l%$ %v"));
   logger_ = logger;
 
-  train_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.train, config_.model.vocab_size));
-  train_sampler_ = std::make_unique<RandomWindowSampler>(*train_data_, config_.train.seq_len, config_.train.seed);
-  if (!config_.data.val.empty()) {
+  if (task) {
+    task_ = std::make_unique<IndirectIndexingTask>(config_.data.indirect_indexing);
+  } else {
+    train_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.train, config_.model.vocab_size));
+    train_sampler_ = std::make_unique<RandomWindowSampler>(*train_data_, config_.train.seq_len, config_.train.seed);
+  }
+  if (!task && !config_.data.val.empty()) {
     val_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.val, config_.model.vocab_size));
     val_sampler_ = std::make_unique<SequentialWindowSampler>(*val_data_, config_.train.seq_len);
   }
@@ -114,8 +119,15 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   logger->info("pope-train: {} | {} parameters ({:.1f}M) | position {} | run dir {}", backend_->description(),
                model_->parameter_count(), double(model_->parameter_count()) / 1e6, config_.model.position.kind,
                run_dir_.string());
-  logger->info("data: {} training tokens in {} file(s){}", train_data_->total_tokens(), train_data_->files().size(),
-               val_data_ ? fmt::format(", {} validation tokens", val_data_->total_tokens()) : "");
+  if (task_) {
+    const IndirectIndexingConfig& ii = config_.data.indirect_indexing;
+    logger->info("data: indirect indexing (seed {}), {} / {} / {} train / val / test examples, strings of {}-{} "
+                 "letters, shifts up to ±{}",
+                 ii.seed, ii.train_size, ii.val_size, ii.test_size, ii.min_len, ii.max_len, ii.max_shift);
+  } else {
+    logger->info("data: {} training tokens in {} file(s){}", train_data_->total_tokens(), train_data_->files().size(),
+                 val_data_ ? fmt::format(", {} validation tokens", val_data_->total_tokens()) : "");
+  }
   if (communicator_->size() > 1) {
     const int ranks = communicator_->size();
     logger->info("data parallel: {} ranks, global batch {} = micro-batch {} × accumulation {} × {} ranks", ranks,
@@ -216,7 +228,14 @@ void Trainer::check_ranks_agree() {
   }
 }
 
-double Trainer::evaluate() {
+double Trainer::evaluate() { return compute_validation().loss; }
+
+Trainer::Validation Trainer::compute_validation() {
+  if (task_) {
+    IndirectIndexingScore score = evaluate_indirect_indexing(*model_, *task_, IndirectSplit::val,
+                                                             config_.train.micro_batch_size, config_.train.seq_len);
+    return {score.mean_loss(), std::move(score)};
+  }
   if (!val_sampler_) throw ConfigError("data.val", "no validation data configured");
   const int B = config_.train.micro_batch_size, T = config_.train.seq_len;
   if (val_sampler_->window_count() == 0)
@@ -242,7 +261,31 @@ double Trainer::evaluate() {
     total.sum += part.sum;
     total.count += part.count;
   }
-  return total.mean();
+  return {total.mean(), std::nullopt};
+}
+
+Trainer::Validation Trainer::run_validation(long step) {
+  Validation result = compute_validation();
+  state_.last_val_loss = result.loss;
+  auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
+  nlohmann::json record{{"event", "eval"}, {"step", step}, {"val_loss", result.loss}};
+  if (result.score) {
+    logger.info("step {} | val loss {:.4f} | val accuracy {:.4f}", step, result.loss, result.score->accuracy());
+    record["val_accuracy"] = result.score->accuracy();
+    record["val_accuracy_by_shift"] = score_to_json(*result.score)["by_shift"];
+  } else {
+    logger.info("step {} | val loss {:.4f} | val ppl {:.2f}", step, result.loss, std::exp(result.loss));
+  }
+  append_metrics(record);
+  return result;
+}
+
+void Trainer::fill_training_rows(std::uint64_t first_sample, std::int32_t* inputs, std::int32_t* targets) const {
+  const int B = config_.train.micro_batch_size;
+  if (task_)
+    task_->fill_training(config_.train.seed, first_sample, B, config_.train.seq_len, inputs, targets);
+  else
+    train_sampler_->fill(first_sample, B, inputs, targets);
 }
 
 void Trainer::log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second,
@@ -271,7 +314,10 @@ TrainingSummary Trainer::train_steps() {
   const int accumulation = config_.grad_accumulation(ranks);
   const int B = tc.micro_batch_size, T = tc.seq_len;
   const double tokens_per_step = double(tc.batch_size) * T;  // all ranks together
-  const double grad_scale = 1.0 / tokens_per_step;  // gradient of the mean loss over the global batch
+  // The loss is the mean over unmasked targets: every position of a token window, one per
+  // indirect-indexing row (the target token; the prompt and padding are masked).
+  const double targets_per_step = task_ ? double(tc.batch_size) : tokens_per_step;
+  const double grad_scale = 1.0 / targets_per_step;  // gradient of the mean loss over the global batch
   std::vector<std::int32_t> inputs(std::size_t(accumulation) * B * T), targets(inputs.size());
   TrainStep train_step(*model_, *optimizer_, TrainStepShape{accumulation, B, T, grad_scale}, true,
                        communicator_.get());
@@ -285,11 +331,7 @@ TrainingSummary Trainer::train_steps() {
   // each step's reduction and are read with its results.
   bool stop_agreed = false;
   const auto stop_requested = [&] { return ranks > 1 ? stop_agreed : g_stop_signal.load() != 0; };
-  if (is_root() && state_.step == 0 && val_sampler_ && tc.eval_every > 0) {
-    state_.last_val_loss = evaluate();
-    logger.info("step 0 | val loss {:.4f}", state_.last_val_loss);
-    append_metrics({{"event", "eval"}, {"step", 0}, {"val_loss", state_.last_val_loss}});
-  }
+  if (is_root() && state_.step == 0 && has_validation() && tc.eval_every > 0) run_validation(0);
 
   // The host runs at most one step ahead of the device: step k is enqueued, then step k−1's
   // results are read (waiting only for k−1) while k runs. Steps that log, evaluate or
@@ -297,7 +339,7 @@ TrainingSummary Trainer::train_steps() {
   const long last_step = options_.stop_at_step > 0 ? std::min(options_.stop_at_step, tc.steps) : tc.steps;
   const auto reports_at = [&](long step) {
     return step % tc.log_every == 0 || step == 1 || step == tc.steps || step == last_step ||
-           (val_sampler_ && tc.eval_every > 0 && step % tc.eval_every == 0) ||
+           (has_validation() && tc.eval_every > 0 && step % tc.eval_every == 0) ||
            (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0);
   };
   struct Enqueued {
@@ -307,7 +349,7 @@ TrainingSummary Trainer::train_steps() {
   const auto finish = [&](const Enqueued& done) {
     const TrainStepResult result = train_step.result(done.step);
     if (result.stop_votes > 0) stop_agreed = true;
-    const double loss = result.loss_sum / tokens_per_step;
+    const double loss = result.loss_sum / targets_per_step;
     summary.last_train_loss = loss;
     ++window_steps;
 
@@ -341,12 +383,10 @@ TrainingSummary Trainer::train_steps() {
       window_start = Clock::now();
       window_steps = 0;
     }
-    if (is_root() && val_sampler_ && ((tc.eval_every > 0 && done.step % tc.eval_every == 0) || done.step == tc.steps)) {
-      state_.last_val_loss = evaluate();
-      summary.last_val_loss = state_.last_val_loss;
-      logger.info("step {} | val loss {:.4f} | val ppl {:.2f}", done.step, state_.last_val_loss,
-                  std::exp(state_.last_val_loss));
-      append_metrics({{"event", "eval"}, {"step", done.step}, {"val_loss", state_.last_val_loss}});
+    if (is_root() && has_validation() && ((tc.eval_every > 0 && done.step % tc.eval_every == 0) || done.step == tc.steps)) {
+      const Validation validation = run_validation(done.step);
+      summary.last_val_loss = validation.loss;
+      if (validation.score) summary.last_val_accuracy = validation.score->accuracy();
     }
     if (tc.checkpoint_every > 0 && done.step % tc.checkpoint_every == 0) {
       save();
@@ -358,8 +398,8 @@ TrainingSummary Trainer::train_steps() {
   while (state_.step < last_step && !stop_requested()) {
     for (int micro = 0; micro < accumulation; ++micro) {
       const std::size_t offset = std::size_t(micro) * B * T;
-      train_sampler_->fill(micro_batch_first_sample(state_.samples_consumed, B, accumulation, rank, micro), B,
-                           inputs.data() + offset, targets.data() + offset);
+      fill_training_rows(micro_batch_first_sample(state_.samples_consumed, B, accumulation, rank, micro),
+                         inputs.data() + offset, targets.data() + offset);
     }
     const double lr = learning_rate(config_.optim, state_.step, tc.steps);
     train_step.enqueue(inputs, targets, state_.step + 1, lr, g_stop_signal.load() != 0);
@@ -389,9 +429,10 @@ TrainingSummary Trainer::train_steps() {
     logger.warn("stopped by signal {} after step {}; continue with --resume auto", stop_signal, state_.step);
   else if (summary.reason == StopReason::stop_at_step)
     logger.info("stopped after step {} as asked; continue with --resume auto", state_.step);
-  logger.info("done: {} steps, {:.1f} s, final train loss {:.4f}{}, checkpoint {}", state_.step, summary.seconds,
+  logger.info("done: {} steps, {:.1f} s, final train loss {:.4f}{}{}, checkpoint {}", state_.step, summary.seconds,
               summary.last_train_loss,
               summary.last_val_loss ? fmt::format(", val loss {:.4f}", *summary.last_val_loss) : "",
+              summary.last_val_accuracy ? fmt::format(", val accuracy {:.4f}", *summary.last_val_accuracy) : "",
               last_checkpoint_.string());
   append_metrics({{"event", "summary"},
                   {"step", state_.step},
