@@ -1,6 +1,8 @@
-// pope-eval: evaluate checkpoints. Mode: perplexity versus window length (--lengths), or
-// plotting a CSV written earlier (--plot-csv). The work lives in the library (pope/eval.hpp);
-// this file parses flags, dispatches and maps errors to exit codes.
+// pope-eval: evaluate checkpoints. Modes: perplexity versus window length (--lengths),
+// plotting a CSV written earlier (--plot-csv), test-set accuracy of the indirect-indexing task
+// (--task indirect_indexing) and PJ-RoPE diagnostics (--diagnostics). The work lives in the
+// library (pope/eval.hpp, pope/indirect_indexing.hpp, pope/pj_diagnostics.hpp); this file
+// parses flags, dispatches and maps errors to exit codes.
 // Exit codes: 0 done, 1 data/checkpoint/runtime error, 2 usage or config error.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -15,6 +17,9 @@
 #include "pope/config.hpp"
 #include "pope/data.hpp"
 #include "pope/eval.hpp"
+#include "pope/indirect_indexing.hpp"
+#include "pope/model.hpp"
+#include "pope/pj_diagnostics.hpp"
 
 namespace {
 
@@ -23,7 +28,8 @@ constexpr int kExitConfig = 2;
 
 struct Options {
   std::vector<std::string> checkpoints, labels, overrides;
-  std::string data, lengths, device = "auto", csv, json, plot, plot_csv;
+  std::string data, lengths, device = "auto", csv, json, plot, plot_csv, task;
+  bool diagnostics = false;
   pope::LengthSweepOptions sweep;
   pope::RopeScalingOverride rope;
   int threads = 0, train_len = 0;
@@ -114,6 +120,81 @@ int run_length_sweep(const Options& o) {
   return 0;
 }
 
+// The one checkpoint of the task and diagnostics modes, loaded on the chosen backend.
+struct LoadedCheckpoint {
+  pope::EvalCheckpoint checkpoint;
+  std::unique_ptr<pope::Backend> backend;
+  std::unique_ptr<pope::Model> model;
+};
+
+LoadedCheckpoint load_single_checkpoint(const Options& o, const char* mode) {
+  if (o.checkpoints.size() != 1)
+    throw pope::ConfigError("--checkpoint", fmt::format("{} takes exactly one checkpoint, got {}", mode,
+                                                        o.checkpoints.size()));
+  LoadedCheckpoint loaded;
+  loaded.checkpoint = pope::open_eval_checkpoint(o.checkpoints.front(), o.overrides, o.rope);
+  loaded.backend = pope::make_backend(o.device, "float", o.threads);
+  loaded.model = pope::load_eval_model(loaded.checkpoint, *loaded.backend);
+  return loaded;
+}
+
+// Accuracy on the held-out test split, overall and per shift, with the checkpoint's own task
+// settings (the split is drawn from the saved data.indirect_indexing seed).
+int run_indirect_indexing(const Options& o) {
+  if (!o.data.empty() || !o.lengths.empty())
+    throw pope::ConfigError("--task", "the task generates its own test set; it takes no --data or --lengths");
+  LoadedCheckpoint loaded = load_single_checkpoint(o, "--task indirect_indexing");
+  const pope::RunConfig& config = loaded.checkpoint.config;
+  if (config.data.kind != "indirect_indexing")
+    throw pope::ConfigError("--task", fmt::format("checkpoint {} was trained on data.kind '{}', not indirect_indexing",
+                                                  loaded.checkpoint.step_dir.string(), config.data.kind));
+  const pope::IndirectIndexingTask task(config.data.indirect_indexing);
+  const pope::IndirectIndexingScore score = pope::evaluate_indirect_indexing(
+      *loaded.model, task, pope::IndirectSplit::test, config.train.micro_batch_size, config.train.seq_len);
+  fmt::print("{} ({}, step {}): test accuracy {:.4f} over {} examples, loss {:.4f}\n",
+             loaded.checkpoint.step_dir.string(), pope::describe_position(config.model.position),
+             loaded.checkpoint.step, score.accuracy(), score.total.examples, score.mean_loss());
+  fmt::print("{:>6} {:>9} {:>9}\n", "shift", "examples", "accuracy");
+  for (const auto& [shift, tally] : score.by_shift)
+    fmt::print("{:>+6} {:>9} {:>9.4f}\n", shift, tally.examples, tally.accuracy());
+  if (!o.json.empty()) {
+    nlohmann::json j = pope::score_to_json(score);
+    j["checkpoint"] = loaded.checkpoint.step_dir.string();
+    j["step"] = loaded.checkpoint.step;
+    j["split"] = "test";
+    pope::write_file_atomic(std::filesystem::absolute(o.json), j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+// Gates, order masses and energies of every layer and head; with --data, the ΔNLL of leaving
+// out each order and each sector, measured on windows of the training length.
+int run_diagnostics(const Options& o) {
+  LoadedCheckpoint loaded = load_single_checkpoint(o, "--diagnostics");
+  const pope::RunConfig& config = loaded.checkpoint.config;
+  const std::vector<int> lengths = o.lengths.empty() ? std::vector<int>{config.train.seq_len}
+                                                     : pope::parse_lengths(o.lengths);
+  if (lengths.size() != 1)
+    throw pope::ConfigError("--lengths", "--diagnostics takes one length (the lag grid 0..L−1 and the NLL windows)");
+  pope::Model& model = *loaded.model;
+  const std::vector<float> parameters = model.parameters_to_host();
+  pope::PjDiagnostics report = pope::compute_pj_diagnostics(config.model, model.layout(), parameters, lengths[0]);
+  if (!o.data.empty()) {
+    const pope::TokenDataset data = pope::TokenDataset::open(o.data, config.model.vocab_size);
+    pope::LengthSweepOptions sweep = o.sweep;
+    sweep.lengths = lengths;
+    if (sweep.max_windows == 0) sweep.max_windows = 256;  // each ablation is one such evaluation
+    pope::add_pj_ablations(report, config.model, model.layout(), parameters, [&](std::span<const float> values) {
+      model.parameters_from_host(values);
+      return pope::sweep_lengths(model, data, sweep, nullptr, nullptr).front().mean_nll();
+    });
+    model.parameters_from_host(parameters);
+  }
+  std::cout << pope::format_pj_diagnostics(report);
+  if (!o.json.empty()) pope::write_pj_diagnostics(std::filesystem::absolute(o.json), report);
+  return 0;
+}
+
 int run_plot_csv(const Options& o) {
   if (o.plot.empty()) throw pope::ConfigError("--plot", "--plot-csv needs --plot FILE.png");
   if (!o.checkpoints.empty() || !o.data.empty())
@@ -175,6 +256,14 @@ int main(int argc, char** argv) {
                                              "train.seq_len)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("-q,--quiet", o.quiet, "no progress lines");
+  app.add_option("--task", o.task, "task mode: test-set accuracy (and per shift) of a checkpoint trained on the task; "
+                                   "--json writes it")
+      ->check(CLI::IsMember({"indirect_indexing"}));
+  app.add_flag("--diagnostics", o.diagnostics,
+               "PJ-RoPE mode: sector gates, mass per order, top order, energies on the lag grid 0..L−1 (L: --lengths, "
+               "default the training length) and affine slopes per layer and head; with --data also leave-one-order-"
+               "and leave-one-sector-out ΔNLL on up to --max-windows (default 256) windows of length L; --json "
+               "writes it");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -188,6 +277,9 @@ int main(int argc, char** argv) {
   if (*yarn_temperature_flag) o.rope.yarn_temperature = yarn_temperature;
 
   try {
+    if (!o.task.empty() && o.diagnostics) throw pope::ConfigError("--task", "choose --task or --diagnostics, not both");
+    if (!o.task.empty()) return run_indirect_indexing(o);
+    if (o.diagnostics) return run_diagnostics(o);
     return o.plot_csv.empty() ? run_length_sweep(o) : run_plot_csv(o);
   } catch (const pope::ConfigError& e) {
     spdlog::error("config error: {}", e.what());

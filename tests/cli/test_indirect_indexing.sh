@@ -31,6 +31,22 @@ grep -q "^pope_seed2,pope,2,10," "$OUT/final.csv" || { cat "$OUT/final.csv" >&2;
 [ "$(grep '^rope_seed1,rope,1,0,' "$OUT/accuracy.csv" | cut -d, -f6)" != \
   "$(grep '^rope_seed2,rope,2,0,' "$OUT/accuracy.csv" | cut -d, -f6)" ] || fail "seeds 1 and 2 gave the same initial loss"
 
+# pope-eval --task: test-set accuracy of a run, overall and per shift, as JSON too.
+EVAL="$POPE_BIN/pope-eval"
+if [ -x "$EVAL" ]; then
+  expect_exit 0 "$EVAL" --task indirect_indexing --checkpoint "$OUT/pope_seed1" --device cpu --json "$SCRATCH/ii.json"
+  expect_output "test accuracy"
+  python3 - "$SCRATCH/ii.json" <<'PY' || fail "pope-eval --task JSON: see above"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["examples"] == 40 and j["split"] == "test", j
+assert 0.0 <= j["accuracy"] <= 1.0 and sum(v["examples"] for v in j["by_shift"].values()) == 40, j
+assert set(j["by_shift"]) <= {"-2", "-1", "+1", "+2"}, j["by_shift"]
+PY
+  expect_exit 2 "$EVAL" --task indirect_indexing --checkpoint "$OUT/pope_seed1" --data "$OUT" --device cpu
+  expect_output "takes no --data"
+fi
+
 # Again with more steps: every run resumes from its checkpoint at step 10.
 expect_exit 0 "$SCRIPT" --bin "$TRAIN" --device cpu --out "$OUT" --encodings "rope pope" --seeds "1 2" --steps 15 -- "${SMALL[@]}"
 grep -q "resumed from .*step_00000010 at step 10" "$OUT/pope_seed1/train.log" || fail "pope_seed1 did not resume"

@@ -46,4 +46,20 @@ if has_bias:
     assert header["layers.1.position.lc_im"]["shape"] == [2, 4], header["layers.1.position.lc_im"]
 PY
 done
+# pope-eval --diagnostics: gates, orders and energies per layer and head, and with --data the
+# leave-one-out ΔNLL; a checkpoint without a PJ-bias is refused.
+EVAL="$POPE_BIN/pope-eval"
+if [ -x "$EVAL" ]; then
+  expect_exit 0 "$EVAL" --diagnostics --checkpoint "$SCRATCH/pjrope" --data "$SCRATCH/val.bin" --max-windows 16 \
+    --device cpu --json "$SCRATCH/diag.json"
+  python3 - "$SCRATCH/diag.json" <<'PY' || fail "pope-eval --diagnostics JSON: see above"
+import json, sys
+j = json.load(open(sys.argv[1]))
+text = json.dumps(j)
+assert len(j["layers"]) == 2, list(j)
+assert "ablations" in j and j["ablations"], "no ablations with --data"
+assert "gate" in text or "gates" in text, "no gates in the report"
+PY
+  expect_exit 1 "$EVAL" --diagnostics --checkpoint "$SCRATCH/pj_rotary" --device cpu
+fi
 echo "ok"
