@@ -20,7 +20,9 @@ TRAIN=build/gpu/src/pope-train
 MPIRUN=(mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x POPE_NCCL_TIMEOUT_S -x PATH)
 declare -a ROWS
 
-row() { ROWS+=("| $1 | $2 |"); }
+# Each row is printed as soon as it is known (a run cut short by a time limit keeps what it
+# measured) and again in the table at the end.
+row() { ROWS+=("| $1 | $2 |"); echo "| $1 | $2 |"; }
 since() { python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$1"; }
 
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$LOGS/gpus.txt"
@@ -64,7 +66,7 @@ row "parity pope: 1 GPU vs env launch, file rendezvous (exit$rcs)" \
 
 # ---- 2. faults -------------------------------------------------------------------------
 LONG=(--config configs/small_cpu.json --device cuda --set train.steps=100000 --set train.log_every=1
-      --set train.eval_every=0 --set train.checkpoint_every=0)
+      --set train.eval_every=0 --set train.checkpoint_every=0 --set train.batch_size=16)  # 8 × 2 ranks
 wait_for_step() {  # run dir, step: waits (≤ 120 s) until metrics.jsonl logs that step
   for _ in $(seq 600); do
     grep -q "\"step\":$2[,}]" "$1/metrics.jsonl" 2>/dev/null && return 0
