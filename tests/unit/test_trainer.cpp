@@ -12,19 +12,9 @@
 using namespace pope;
 using pope::testing::fresh_dir;
 using pope::testing::tiny_run_config;
+using pope::testing::train_losses;
 
 namespace {
-
-// step → loss of the "train" records in metrics.jsonl.
-std::map<long, double> train_losses(const std::filesystem::path& run_dir) {
-  std::map<long, double> losses;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto record = nlohmann::json::parse(line);
-    if (record["event"] == "train") losses[record["step"].get<long>()] = record["loss"].get<double>();
-  }
-  return losses;
-}
 
 class TrainerTest : public ::testing::Test {
  protected:

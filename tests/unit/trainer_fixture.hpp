@@ -2,9 +2,13 @@
 #pragma once
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "pope/config.hpp"
 #include "pope/data.hpp"
@@ -52,6 +56,17 @@ inline RunConfig tiny_run_config(const std::filesystem::path& dir) {
   c.train.device = "cpu";
   c.train.threads = 1;
   return c;
+}
+
+// step → loss of the "train" records in metrics.jsonl.
+inline std::map<long, double> train_losses(const std::filesystem::path& run_dir) {
+  std::map<long, double> losses;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "train") losses[record["step"].get<long>()] = record["loss"].get<double>();
+  }
+  return losses;
 }
 
 inline std::filesystem::path fresh_dir(const std::string& name) {
