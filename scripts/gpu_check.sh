@@ -3,7 +3,8 @@
 # 124M config for a few steps per encoding on the demo data, time pope-eval on the trained RoPE
 # checkpoint at L = 1024 and 10240 over data/pg19_demo, and print a short table last.
 # Logs go to $OUT (or /tmp/pope_gpu_check). Usage: scripts/gpu_check.sh [steps]
-# Env: KINDS (encodings to train, default "rope pope full"), SKIP_CPU_TESTS=1 (they run in CI).
+# Env: RUNS (size:encoding pairs to train, default "124m:rope 124m:pope 124m:full 774m:rope"),
+#      SKIP_CPU_TESTS=1 (they run in CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${1:-30}"
@@ -24,22 +25,28 @@ ctest --test-dir build/gpu -L gpu --output-on-failure >"$LOGS/gpu_tests.log" 2>&
 [ "${SKIP_CPU_TESTS:-0}" = 1 ] || ctest --test-dir build/gpu -L cpu -j "$JOBS" >"$LOGS/cpu_tests.log" 2>&1
 grep -E "^\s*[0-9]+/[0-9]+ Test.*(Failed|Exception|Timeout)" "$LOGS/gpu_tests.log" | head -20
 
+# "124m:KIND" runs owt_124m (micro-batch 32 × 2), "774m:KIND" owt_774m (micro-batch 16, no
+# accumulation, to keep the check short); the table shows the first and last logged losses.
 declare -A tokens_per_second
 if [ -f data/demo/train.bin ]; then
-  for kind in ${KINDS:-rope pope full}; do
-    run="/tmp/pope_gpu_run_$kind"
+  for entry in ${RUNS:-124m:rope 124m:pope 124m:full 774m:rope}; do
+    size=${entry%%:*} kind=${entry#*:}
+    run="/tmp/pope_gpu_run_${size}_$kind"
+    [ "$size" = 124m ] && run="/tmp/pope_gpu_run_$kind"  # pope-eval below reads the 124M RoPE run
+    shape=()
+    [ "$size" = 774m ] && shape=(--set train.micro_batch_size=16 --set train.batch_size=16)
     rm -rf "$run"
-    build/gpu/src/pope-train --config owt_124m --device cuda --out "$run" \
+    build/gpu/src/pope-train --config "owt_$size" --device cuda --out "$run" \
       --set data.train=data/demo/train.bin --set data.val=data/demo/val.bin \
-      --set model.position.kind=$kind --set train.steps="$STEPS" --set train.log_every=10 \
-      --set train.eval_every=0 --set train.checkpoint_every=0 >"$LOGS/train_$kind.log" 2>&1
-    tail -3 "$LOGS/train_$kind.log"
-    tokens_per_second[$kind]=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; \
-t=[x for x in r if x['event']=='train']; print(f\"{t[-1]['tokens_per_second']:.0f} tok/s, loss {t[-1]['loss']:.3f}\" if t else 'no steps')" \
+      --set model.position.kind=$kind --set train.steps="$STEPS" --set train.log_every=5 \
+      --set train.eval_every=0 --set train.checkpoint_every=0 "${shape[@]}" >"$LOGS/train_${size}_$kind.log" 2>&1
+    tail -2 "$LOGS/train_${size}_$kind.log"
+    tokens_per_second["$size $kind"]=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; \
+t=[x for x in r if x['event']=='train']; \
+print(f\"{t[-1]['tokens_per_second']:.0f} tok/s, loss {t[0]['loss']:.3f} (step {t[0]['step']}) -> {t[-1]['loss']:.3f} (step {t[-1]['step']})\" if t else 'no steps')" \
       "$run/metrics.jsonl" 2>/dev/null || echo "failed")
   done
 fi
-
 eval_summary="not run"
 if [ -f /tmp/pope_gpu_run_rope/config.json ] && [ -d data/pg19_demo ]; then
   build/gpu/src/pope-eval --checkpoint /tmp/pope_gpu_run_rope --data data/pg19_demo --lengths 1024,10240 \
@@ -55,5 +62,5 @@ echo "|---|---|"
 echo "| GPU | $(cat "$LOGS/gpu.txt") |"
 echo "| GPU tests | $(grep -E 'tests passed' "$LOGS/gpu_tests.log" || echo 'did not run') |"
 echo "| CPU tests | $(grep -E 'tests passed' "$LOGS/cpu_tests.log" || echo 'did not run') |"
-for kind in "${!tokens_per_second[@]}"; do echo "| 124M $kind, $STEPS steps | ${tokens_per_second[$kind]} |"; done
+for run in "${!tokens_per_second[@]}"; do echo "| $run, $STEPS steps | ${tokens_per_second[$run]} |"; done
 echo "| pope-eval 124M RoPE, data/pg19_demo | $eval_summary |"
