@@ -7,6 +7,7 @@
 // lane test s ≤ t.
 #include <type_traits>
 
+#include "attention/attention_head.cuh"
 #include "attention/causal_attention.cuh"
 #include "attention/kernel_launch.cuh"
 #include "attention/row_tiles.cuh"
@@ -20,41 +21,11 @@ using namespace row_tiles;
 static_assert(kMaxAttentionSeqLen <= kRowsPerBlock * 65535, "row blocks must fit grid.y");
 static_assert(kMaxAttentionWidth <= kWarpSize * kMaxPerLane, "register rows must hold the widest q/k row");
 
-// Pointers into one (batch, head) and its score function.
-struct Head {
-  int b, h, bh;
-  const __nv_bfloat16* q;  // q̃ row t at t·qk_width
-  const __nv_bfloat16* k;
-  const __nv_bfloat16* v;   // v row s at s·row_stride
-  std::int64_t row_stride;  // 3C
-  std::int64_t channels;    // C
-  ScoreParams score_params;
-  int seq_len;
-
-  __device__ Head(const AttentionDims& dims, const EncodedAttention& in, int batch_head) {
-    bh = batch_head;
-    b = batch_head / dims.n_head;
-    h = batch_head % dims.n_head;
-    seq_len = dims.seq_len;
-    const std::int64_t rows_before = std::int64_t(bh) * dims.seq_len;
-    q = in.q + rows_before * dims.qk_width;
-    k = in.k + rows_before * dims.qk_width;
-    channels = std::int64_t(dims.n_head) * dims.head_dim;
-    row_stride = 3 * channels;
-    v = in.qkv + std::int64_t(b) * dims.seq_len * row_stride + 2 * channels + std::int64_t(h) * dims.head_dim;
-    score_params = in.score;
-  }
+// One (batch, head) and its score function.
+struct Head : AttentionHead {
+  using AttentionHead::AttentionHead;
   // a_ts from <q̃_t, k̃_s> and the lag t − s ≥ 0.
-  __device__ float score(float dot, int lag) const {
-    const float biased = score_params.bias ? score_params.bias[std::int64_t(h) * seq_len + lag] : 0.0f;
-    return dot * score_params.scale + biased;
-  }
-  // Offset of row t of this head in a [B·T, C]-shaped activation (out, dout).
-  __device__ std::int64_t activation_offset(int t, int head_dim) const {
-    return (std::int64_t(b) * seq_len + t) * channels + std::int64_t(h) * head_dim;
-  }
-  // Index of row t of this head in [B, H, T] statistics.
-  __device__ std::int64_t statistic_index(int t) const { return std::int64_t(bh) * seq_len + t; }
+  __device__ float score(float dot, int lag) const { return dot * scale + (bias ? bias[lag] : 0.0f); }
 };
 
 template <int kPerLane>
@@ -156,7 +127,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     dq.add_weighted_rows(dS, k_tile, w);
   }
-  if (active) dq.store(grads.dq + head.statistic_index(t) * w, w, head.score_params.scale);
+  if (active) dq.store(grads.dq + head.statistic_index(t) * w, w, head.scale);
 }
 
 template <int kPerLane>
@@ -206,7 +177,7 @@ __global__ void __launch_bounds__(kThreads)
     dv.add_weighted_rows(p, dout_tile, d);
   }
   if (!active) return;
-  dk.store(grads.dk + head.statistic_index(s) * w, w, head.score_params.scale);
+  dk.store(grads.dk + head.statistic_index(s) * w, w, head.scale);
   const std::int64_t v_offset =
       (std::int64_t(head.b) * T + s) * head.row_stride + 2 * head.channels + std::int64_t(head.h) * d;
   dv.store(grads.dqkv + v_offset, d, 1.0f);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention/attention_head.cuh"
 #include "attention/flash_attention.cuh"
 #include "attention/kernel_launch.cuh"
 #include "attention/mma_tiles.cuh"
@@ -32,36 +33,6 @@ constexpr int kScoreSteps = kTile / 16;  // 16-column A fragments across one til
 constexpr int kLagSlots = 2 * kTile;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.69314718055994531f;
-
-// Pointers of one (batch, head).
-struct FlashHead {
-  int b, h, bh, seq_len;
-  const bf16* q;  // q̃ row t at t·W
-  const bf16* k;
-  const bf16* v;          // v row s at s·row_stride
-  std::int64_t row_stride;  // 3C
-  std::int64_t channels;    // C
-  const float* bias;      // b_h(Δ) [T], or null
-
-  __device__ FlashHead(const AttentionDims& dims, const EncodedAttention& in, int batch_head) {
-    bh = batch_head;
-    b = bh / dims.n_head;
-    h = bh % dims.n_head;
-    seq_len = dims.seq_len;
-    const std::int64_t rows_before = std::int64_t(bh) * dims.seq_len;
-    q = in.q + rows_before * dims.qk_width;
-    k = in.k + rows_before * dims.qk_width;
-    channels = std::int64_t(dims.n_head) * dims.head_dim;
-    row_stride = 3 * channels;
-    v = in.qkv + std::int64_t(b) * dims.seq_len * row_stride + 2 * channels + std::int64_t(h) * dims.head_dim;
-    bias = in.score.bias ? in.score.bias + std::int64_t(h) * dims.seq_len : nullptr;
-  }
-  // Row t of this head in a [B·T, C] activation (out, dout), and in [B, H, T] statistics.
-  __device__ std::int64_t activation_offset(int t, int head_dim) const {
-    return (std::int64_t(b) * seq_len + t) * channels + std::int64_t(h) * head_dim;
-  }
-  __device__ std::int64_t statistic_index(int t) const { return std::int64_t(bh) * seq_len + t; }
-};
 
 // Lane coordinates inside the mma fragments, and the tile row/column of accumulator element e
 // of 8-column block nb for a warp owning tile rows [16·warp, 16·warp + 16).
@@ -131,7 +102,7 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
   bf16* v_tiles = k_tiles + 2 * Layout::k;
   float* bias_slots = reinterpret_cast<float*>(v_tiles + 2 * Layout::v);
 
-  const FlashHead head(dims, in, int(blockIdx.x));
+  const AttentionHead head(dims, in, int(blockIdx.x));
   const int T = dims.seq_len;
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);  // longest blocks start first
   const int i0 = q_block * kForwardRows;
@@ -307,7 +278,7 @@ __global__ void __launch_bounds__(kThreads)
   float* lag_sums = bias_slots + 2 * kLagSlots;
   float* ds_tile = lag_sums + kLagSlots;
 
-  const FlashHead head(dims, in, int(blockIdx.x));
+  const AttentionHead head(dims, in, int(blockIdx.x));
   const int T = dims.seq_len, d = dims.head_dim;
   const int key_block = int(blockIdx.y);  // low key blocks see the most queries and start first
   const int j0 = key_block * kTile;
@@ -472,7 +443,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* v_tiles = k_tiles + 2 * Layout::k;
   float* bias_slots = reinterpret_cast<float*>(v_tiles + 2 * Layout::v);
 
-  const FlashHead head(dims, in, int(blockIdx.x));
+  const AttentionHead head(dims, in, int(blockIdx.x));
   const int T = dims.seq_len, d = dims.head_dim;
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);
   const int i0 = q_block * kTile;
