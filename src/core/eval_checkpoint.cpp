@@ -33,6 +33,10 @@ CheckpointPaths locate(const fs::path& path) {
     paths.step_dir = *latest;
     paths.config_file = path / "config.json";
   } else {
+    if (!fs::is_regular_file(path / "model.safetensors"))
+      throw CheckpointError(fmt::format("checkpoint {} is neither a run directory (no checkpoints/ inside) nor a step "
+                                        "directory (no model.safetensors inside)",
+                                        path));
     paths.step_dir = path;
     fs::path step = fs::absolute(path).lexically_normal();
     if (!step.has_filename()) step = step.parent_path();  // "…/step_N/" names the same directory
