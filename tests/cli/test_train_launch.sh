@@ -39,13 +39,14 @@ expect_output "world size (3)"
 expect_exit 0 run RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$TRAIN" --config "$SCRATCH/tiny.json" --dry-run
 expect_output "accumulation 2, 2 ranks"
 # Under mpirun (where installed, and this build links MPI): one rank trains; two CPU ranks are
-# refused and MPI_Abort ends the job, naming a rank.
+# refused and MPI_Abort ends the job with exit 2, each rank naming itself.
 if command -v mpirun >/dev/null 2>&1 && ldd "$TRAIN" | grep -q libmpi; then
   MPI=(mpirun --allow-run-as-root --oversubscribe)
   expect_exit 0 "${MPI[@]}" -np 1 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/mpi1" --quiet
   [ -d "$SCRATCH/mpi1/checkpoints/step_00000002" ] || fail "mpirun -np 1 wrote no final checkpoint"
+  # Both ranks abort at once; Open MPI 4.1's own "MPI_ABORT was invoked" notice can then be lost
+  # in its help-message aggregation (seen in CI), so only our message and the exit code are checked.
   expect_exit 2 "${MPI[@]}" -np 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/mpi2"
-  expect_output "MPI_ABORT was invoked on rank"
   expect_output "of 2: launch error"
 else
   echo "mpirun or an MPI build missing: the mpirun checks are skipped"
