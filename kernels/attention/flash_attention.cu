@@ -134,15 +134,8 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
   }
   const int key_end = i0 + kForwardRows < T ? i0 + kForwardRows : T;
   const int key_blocks = (key_end + kTile - 1) / kTile;
-  for (int kb = 0; kb < key_blocks; ++kb) {
-    const int stage = kb & 1, j0 = kb * kTile;
-    if (kb + 1 < key_blocks) {
-      load_keys(kb + 1, stage ^ 1);
-      copy_async_wait<1>();
-    } else {
-      copy_async_wait<0>();
-    }
-    __syncthreads();
+  for_each_double_buffered(0, key_blocks, load_keys, [&](int kb, int stage) {
+    const int j0 = kb * kTile;
 
     // Tiles wholly above this warp's rows (the last one for the first warps) add nothing.
     if (j0 <= i0 + warp_row0 + 16 * kForwardFragments - 1) {
@@ -226,8 +219,7 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
           }
         }
     }
-    __syncthreads();  // the next iteration's loads overwrite this stage
-  }
+  });
 
 #pragma unroll
   for (int f = 0; f < kForwardFragments; ++f)
@@ -314,15 +306,8 @@ __global__ void __launch_bounds__(kThreads)
                                  : nullptr;
   const int lags_owned = T - j0;
 
-  for (int qb = key_block; qb < query_blocks; ++qb) {
-    const int step = qb - key_block, stage = step & 1, i0 = qb * kTile;
-    if (qb + 1 < query_blocks) {
-      load_queries(qb + 1, stage ^ 1);
-      copy_async_wait<1>();
-    } else {
-      copy_async_wait<0>();
-    }
-    __syncthreads();
+  for_each_double_buffered(key_block, query_blocks, load_queries, [&](int qb, int stage) {
+    const int step = qb - key_block, i0 = qb * kTile;
 
     const bf16* q_tile = q_tiles + stage * Layout::q;
     const bf16* dout_tile = dout_tiles + stage * Layout::dout;
@@ -379,8 +364,7 @@ __global__ void __launch_bounds__(kThreads)
         carried_lag_sum = lag_sums[i + kTile - 1];
       }
     }
-    __syncthreads();  // the next iteration's loads overwrite this stage
-  }
+  });
   if (sums_lags && int(threadIdx.x) < kTile) {
     const int lag = kTile * (query_blocks - 1 - key_block) + int(threadIdx.x);
     if (lag < lags_owned) partial_row[lag] = carried_lag_sum;
@@ -474,15 +458,7 @@ __global__ void __launch_bounds__(kThreads)
   float dq[kW / 8][4];
   clear(dq);
   const int key_blocks = q_block + 1;
-  for (int kb = 0; kb < key_blocks; ++kb) {
-    const int stage = kb & 1;
-    if (kb + 1 < key_blocks) {
-      load_keys(kb + 1, stage ^ 1);
-      copy_async_wait<1>();
-    } else {
-      copy_async_wait<0>();
-    }
-    __syncthreads();
+  for_each_double_buffered(0, key_blocks, load_keys, [&](int kb, int stage) {
 
     const bf16* k_tile = k_tiles + stage * Layout::k;
     const bf16* v_tile = v_tiles + stage * Layout::v;
@@ -506,8 +482,7 @@ __global__ void __launch_bounds__(kThreads)
     std::uint32_t a[kScoreSteps][4];
     accumulators_to_operand(a, ds);
     mma_a_registers_b_columns<kScoreSteps, kW, kW>(dq, a, k_tile);  // dq̃ += dS · k̃ (scale at the end)
-    __syncthreads();
-  }
+  });
 
   const float scale = in.score.scale;
 #pragma unroll

@@ -51,6 +51,27 @@ __device__ inline void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// The double-buffered loop of the flash kernels: for b in [first, end), block b's tiles sit in
+// shared stage (b − first) & 1 while block b + 1 loads into the other one. load(b, stage) queues
+// block b's copies and commits them as one group; the caller has already queued block `first`
+// into stage 0. body(b, stage) runs once block b has arrived for the whole CTA, and no stage is
+// overwritten before every thread is done with it. All threads of the block call this.
+template <class Load, class Body>
+__device__ __forceinline__ void for_each_double_buffered(int first, int end, Load&& load, Body&& body) {
+  for (int b = first; b < end; ++b) {
+    const int stage = (b - first) & 1;
+    if (b + 1 < end) {
+      load(b + 1, stage ^ 1);
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();
+    body(b, stage);
+    __syncthreads();  // the next iteration's loads overwrite this stage
+  }
+}
+
 // All threads of the block: rows [first, first + rows) of a bf16 matrix (row r at
 // source + r·source_stride, kWidth columns) into a padded shared tile; rows ≥ count become zeros.
 template <int kWidth>

@@ -14,13 +14,26 @@ constexpr int kFj = 0, kAffine = 1, kLc = 2;
 __device__ double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 __device__ double softplus_derivative(double x) { return x > 20.0 ? 1.0 : 1.0 / (1.0 + exp(-x)); }
 
+// The FJ and LC sectors have one form, Σ_r α_r basis_r(Δ) Re(ζ_r e^{iθ(Δ)}), and differ only in
+// the basis (damped jet vs β^r) and the phase (ωΔ vs ωφ): the three structs below hold one such
+// sector's parameters, its terms at one lag and its gradient partials.
+struct Oscillator {
+  double alpha[kMaxOrders], re[kMaxOrders], im[kMaxOrders];  // order weights (softmax), ζ_r
+};
+struct OscillatorTerms {
+  double cos, sin;                                  // of the phase θ
+  double basis[kMaxOrders], real[kMaxOrders];       // basis_r, Re(ζ_r e^{iθ})
+};
+struct OscillatorPartials {
+  double order[kMaxOrders], re[kMaxOrders], im[kMaxOrders];  // ∂/∂(order logits, Re ζ, Im ζ)
+};
+
 // One head's parameters after softmaxes and softplus (disabled sectors: gate exactly 0).
 struct Head {
   int orders;
   double omega, damping, damping_slope, slope, slope_slope;
   double gate[3];
-  double fj_alpha[kMaxOrders], fj_re[kMaxOrders], fj_im[kMaxOrders];
-  double lc_alpha[kMaxOrders], lc_re[kMaxOrders], lc_im[kMaxOrders];
+  Oscillator fj, lc;
 };
 
 __device__ void softmax(const float* logits, int count, const bool* keep, double* out) {
@@ -47,13 +60,13 @@ __device__ Head resolve_head(const PjBiasParams& p, int h) {
   head.slope = softplus(slope_raw);
   head.slope_slope = softplus_derivative(slope_raw);
   softmax(p.values[kPjSlotGateLogits] + 3 * h, 3, p.sector_enabled, head.gate);
-  softmax(p.values[kPjSlotFjOrderLogits] + n * h, n, nullptr, head.fj_alpha);
-  softmax(p.values[kPjSlotLcOrderLogits] + n * h, n, nullptr, head.lc_alpha);
+  softmax(p.values[kPjSlotFjOrderLogits] + n * h, n, nullptr, head.fj.alpha);
+  softmax(p.values[kPjSlotLcOrderLogits] + n * h, n, nullptr, head.lc.alpha);
   for (int r = 0; r < n; ++r) {
-    head.fj_re[r] = p.values[kPjSlotFjRe][n * h + r];
-    head.fj_im[r] = p.values[kPjSlotFjIm][n * h + r];
-    head.lc_re[r] = p.values[kPjSlotLcRe][n * h + r];
-    head.lc_im[r] = p.values[kPjSlotLcIm][n * h + r];
+    head.fj.re[r] = p.values[kPjSlotFjRe][n * h + r];
+    head.fj.im[r] = p.values[kPjSlotFjIm][n * h + r];
+    head.lc.re[r] = p.values[kPjSlotLcRe][n * h + r];
+    head.lc.im[r] = p.values[kPjSlotLcIm][n * h + r];
   }
   return head;
 }
@@ -61,11 +74,26 @@ __device__ Head resolve_head(const PjBiasParams& p, int h) {
 // Every term of b_h at one lag (as PjLag on the CPU).
 struct Lag {
   double lag, x, rho, phi;
-  double fj_cos, fj_sin, lc_cos, lc_sin;
-  double fj_basis[kMaxOrders], fj_real[kMaxOrders], lc_basis[kMaxOrders], lc_real[kMaxOrders];
+  OscillatorTerms fj, lc;
   double sector[3];
   double bias;
 };
+
+// Sets terms.real from the phase and returns the sector's value Σ_r α_r basis_r real_r (the
+// basis already set by the caller).
+__device__ double evaluate_oscillator(int orders, const Oscillator& sector, OscillatorTerms& terms) {
+  double value = 0.0;
+  for (int r = 0; r < orders; ++r) {
+    terms.real[r] = sector.re[r] * terms.cos - sector.im[r] * terms.sin;
+    value += sector.alpha[r] * terms.basis[r] * terms.real[r];
+  }
+  return value;
+}
+
+__device__ void clear_oscillator(int orders, OscillatorTerms& terms) {
+  terms.cos = 1.0, terms.sin = 0.0;
+  for (int r = 0; r < orders; ++r) terms.basis[r] = terms.real[r] = 0.0;
+}
 
 __device__ void evaluate_lag(const PjBiasParams& p, const Head& head, int lag, Lag& t) {
   const double L = p.train_length;
@@ -75,28 +103,26 @@ __device__ void evaluate_lag(const PjBiasParams& p, const Head& head, int lag, L
   t.phi = L * asinh(t.x);
   const double beta = lag / sqrt(double(lag) * lag + L * L);
   t.sector[kFj] = t.sector[kAffine] = t.sector[kLc] = 0.0;
-  t.fj_cos = 1.0, t.fj_sin = 0.0, t.lc_cos = 1.0, t.lc_sin = 0.0;
-  for (int r = 0; r < head.orders; ++r) t.fj_basis[r] = t.fj_real[r] = t.lc_basis[r] = t.lc_real[r] = 0.0;
+  clear_oscillator(head.orders, t.fj);
+  clear_oscillator(head.orders, t.lc);
   if (p.sector_enabled[kFj]) {
-    sincos(head.omega * lag, &t.fj_sin, &t.fj_cos);
+    sincos(head.omega * lag, &t.fj.sin, &t.fj.cos);
     double basis = exp(-head.damping * t.x);
     for (int r = 0; r < head.orders; ++r) {
       if (r > 0) basis *= t.x / r;
-      t.fj_basis[r] = basis;
-      t.fj_real[r] = head.fj_re[r] * t.fj_cos - head.fj_im[r] * t.fj_sin;
-      t.sector[kFj] += head.fj_alpha[r] * basis * t.fj_real[r];
+      t.fj.basis[r] = basis;
     }
+    t.sector[kFj] = evaluate_oscillator(head.orders, head.fj, t.fj);
   }
   if (p.sector_enabled[kAffine]) t.sector[kAffine] = -head.slope * t.rho;
   if (p.sector_enabled[kLc]) {
-    sincos(head.omega * t.phi, &t.lc_sin, &t.lc_cos);
+    sincos(head.omega * t.phi, &t.lc.sin, &t.lc.cos);
     double basis = 1.0;
     for (int r = 0; r < head.orders; ++r) {
       if (r > 0) basis *= beta;
-      t.lc_basis[r] = basis;
-      t.lc_real[r] = head.lc_re[r] * t.lc_cos - head.lc_im[r] * t.lc_sin;
-      t.sector[kLc] += head.lc_alpha[r] * basis * t.lc_real[r];
+      t.lc.basis[r] = basis;
     }
+    t.sector[kLc] = evaluate_oscillator(head.orders, head.lc, t.lc);
   }
   t.bias = head.gate[kFj] * t.sector[kFj] + head.gate[kAffine] * t.sector[kAffine] + head.gate[kLc] * t.sector[kLc];
 }
@@ -105,38 +131,36 @@ __device__ void evaluate_lag(const PjBiasParams& p, const Head& head, int lag, L
 struct Partials {
   double omega, damping, slope;
   double gate[3];
-  double fj_order[kMaxOrders], fj_re[kMaxOrders], fj_im[kMaxOrders];
-  double lc_order[kMaxOrders], lc_re[kMaxOrders], lc_im[kMaxOrders];
+  OscillatorPartials fj, lc;
 };
+
+// Adds s · ∂(sector value)/∂(its parameters) to g and returns ∂(sector value)/∂θ · (−1), which
+// the caller scales by ∂θ/∂ω (Δ for FJ, φ for LC).
+__device__ double accumulate_oscillator(int orders, const Oscillator& sector, const OscillatorTerms& terms,
+                                        double sector_value, double s, OscillatorPartials& g) {
+  double phase_sum = 0.0;
+  for (int r = 0; r < orders; ++r) {
+    const double weight = sector.alpha[r] * terms.basis[r];
+    g.re[r] += s * weight * terms.cos;
+    g.im[r] -= s * weight * terms.sin;
+    g.order[r] += s * sector.alpha[r] * (terms.basis[r] * terms.real[r] - sector_value);
+    phase_sum += weight * (sector.re[r] * terms.sin + sector.im[r] * terms.cos);
+  }
+  return phase_sum;
+}
 
 __device__ void accumulate_lag(const PjBiasParams& p, const Head& head, const Lag& t, double G, Partials& g) {
   for (int k = 0; k < 3; ++k)
     if (p.sector_enabled[k]) g.gate[k] += G * head.gate[k] * (t.sector[k] - t.bias);
   if (p.sector_enabled[kFj]) {
     const double s = G * head.gate[kFj];
-    double omega_sum = 0.0;
-    for (int r = 0; r < head.orders; ++r) {
-      const double weight = head.fj_alpha[r] * t.fj_basis[r];
-      g.fj_re[r] += s * weight * t.fj_cos;
-      g.fj_im[r] -= s * weight * t.fj_sin;
-      g.fj_order[r] += s * head.fj_alpha[r] * (t.fj_basis[r] * t.fj_real[r] - t.sector[kFj]);
-      omega_sum += weight * (head.fj_re[r] * t.fj_sin + head.fj_im[r] * t.fj_cos);
-    }
     g.damping -= s * t.x * t.sector[kFj] * head.damping_slope;
-    g.omega -= s * t.lag * omega_sum;
+    g.omega -= s * t.lag * accumulate_oscillator(head.orders, head.fj, t.fj, t.sector[kFj], s, g.fj);
   }
   if (p.sector_enabled[kAffine]) g.slope -= G * head.gate[kAffine] * t.rho * head.slope_slope;
   if (p.sector_enabled[kLc]) {
     const double s = G * head.gate[kLc];
-    double omega_sum = 0.0;
-    for (int r = 0; r < head.orders; ++r) {
-      const double weight = head.lc_alpha[r] * t.lc_basis[r];
-      g.lc_re[r] += s * weight * t.lc_cos;
-      g.lc_im[r] -= s * weight * t.lc_sin;
-      g.lc_order[r] += s * head.lc_alpha[r] * (t.lc_basis[r] * t.lc_real[r] - t.sector[kLc]);
-      omega_sum += weight * (head.lc_re[r] * t.lc_sin + head.lc_im[r] * t.lc_cos);
-    }
-    g.omega -= s * t.phi * omega_sum;
+    g.omega -= s * t.phi * accumulate_oscillator(head.orders, head.lc, t.lc, t.sector[kLc], s, g.lc);
   }
 }
 
@@ -172,12 +196,12 @@ __global__ void pj_bias_backward_kernel(PjBiasParams p, int seq_len, const float
   reduce_into(g.slope, reduce_scratch, grads.values[kPjSlotAffineSlope] + h);
   for (int k = 0; k < 3; ++k) reduce_into(g.gate[k], reduce_scratch, grads.values[kPjSlotGateLogits] + 3 * h + k);
   for (int r = 0; r < n; ++r) {
-    reduce_into(g.fj_order[r], reduce_scratch, grads.values[kPjSlotFjOrderLogits] + n * h + r);
-    reduce_into(g.fj_re[r], reduce_scratch, grads.values[kPjSlotFjRe] + n * h + r);
-    reduce_into(g.fj_im[r], reduce_scratch, grads.values[kPjSlotFjIm] + n * h + r);
-    reduce_into(g.lc_order[r], reduce_scratch, grads.values[kPjSlotLcOrderLogits] + n * h + r);
-    reduce_into(g.lc_re[r], reduce_scratch, grads.values[kPjSlotLcRe] + n * h + r);
-    reduce_into(g.lc_im[r], reduce_scratch, grads.values[kPjSlotLcIm] + n * h + r);
+    reduce_into(g.fj.order[r], reduce_scratch, grads.values[kPjSlotFjOrderLogits] + n * h + r);
+    reduce_into(g.fj.re[r], reduce_scratch, grads.values[kPjSlotFjRe] + n * h + r);
+    reduce_into(g.fj.im[r], reduce_scratch, grads.values[kPjSlotFjIm] + n * h + r);
+    reduce_into(g.lc.order[r], reduce_scratch, grads.values[kPjSlotLcOrderLogits] + n * h + r);
+    reduce_into(g.lc.re[r], reduce_scratch, grads.values[kPjSlotLcRe] + n * h + r);
+    reduce_into(g.lc.im[r], reduce_scratch, grads.values[kPjSlotLcIm] + n * h + r);
   }
 }
 
