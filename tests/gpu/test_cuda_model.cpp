@@ -93,14 +93,14 @@ TEST_P(CudaModel, StepMatchesTheCpuReference) {
 }
 
 // Evaluation computes fp32 logits on the GPU; training rounds them to bf16. Trained language
-// models' logits share a large offset (GPT-2's sit near −80) that the softmax ignores but bf16
-// cannot resolve around (its spacing at 32–64 is 0.25). The random model gets one: embedding
-// column 0 is 0.5 for every token and the final norm's gain on that channel is 16, so every
-// logit of a row carries the same ≈ +46 (all values exact in bf16; on the GPU the bf16
+// models' logits share a large offset (GPT-2's lie tens of units below zero) that the softmax
+// ignores but bf16 cannot resolve around (its spacing at 32–64 is 0.25). The random model gets one:
+// embedding column 0 is 0.5 for every token and the final norm's gain on that channel is 16, so
+// every logit of a row carries the same ≈ +46 (all values exact in bf16; on the GPU the bf16
 // rounding of that channel shifts a whole row, which the softmax cancels). Against a CPU f64
-// reference, the per-token losses of the fp32-logits path (Model::forward) then meet a
-// tolerance that the bf16-logits path (forward_backward) misses by far; the mean loss's error
-// is at most the per-token rms error.
+// reference, the per-token losses of the fp32-logits path (Model::forward) then meet a tolerance
+// that the bf16-logits path (forward_backward) misses by far; the mean loss's error is at most the
+// per-token rms error.
 class CudaEvalLogits : public ::testing::Test {
  protected:
   void SetUp() override {

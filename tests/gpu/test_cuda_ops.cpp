@@ -445,7 +445,7 @@ class CudaCrossEntropy : public CudaOps {
     const double grad_scale = 0.25;
     gpu_->cross_entropy(losses.gpu.tensor, logits.gpu.tensor, targets.gpu.tensor, vocab, compute_grad, grad_scale);
     cpu_->cross_entropy(losses.cpu.tensor, logits.cpu.tensor, targets.cpu.tensor, vocab, compute_grad, grad_scale);
-    EXPECT_LT(error_of(losses), f32 ? 1e-6 : 1e-5);
+    EXPECT_LT(error_of(losses), 1e-5);  // bf16-rounding the f32 logits would cost a few 1e-4
     const std::vector<double> loss_values = download(*gpu_, losses.gpu.tensor);
     EXPECT_EQ(loss_values[1], 0.0);
     EXPECT_EQ(loss_values[std::size_t(rows) - 2], 0.0);
@@ -455,7 +455,7 @@ class CudaCrossEntropy : public CudaOps {
       EXPECT_EQ(result, std::vector<double>(logit_values.begin(), logit_values.end())) << "logits were modified";
       return;
     }
-    EXPECT_LT(relative_error(result, download(*cpu_, logits.cpu.tensor)), f32 ? 1e-5 : kBf16Tolerance);
+    EXPECT_LT(relative_error(result, download(*cpu_, logits.cpu.tensor)), f32 ? 1e-4 : kBf16Tolerance);
     for (int n = 0; n < rows; ++n) {
       const bool masked = target_values[std::size_t(n)] < 0;
       for (int c = masked ? 0 : vocab; c < padded; ++c)
