@@ -1,7 +1,9 @@
 // One block per row. Pass 1 reads the row once, each thread keeping an online (max, sum of
 // exp) pair over its columns; the pairs are combined across the block. Pass 2 (only for the
 // gradient) reads the row again (from L2: a row is ~100 KB) and overwrites it with dlogits.
-// Rows move in 16-byte groups of 8 columns when the padded width allows it.
+// Rows move in groups of 8 columns (16-byte accesses) when the padded width allows it. The
+// kernel is written once over the logits' element type: bf16 for training (dlogits in place,
+// half the memory), fp32 for evaluation (the classifier GEMM's fp32 product unrounded).
 #include <math.h>
 
 #include "bf16_group.cuh"
@@ -32,12 +34,13 @@ __device__ SoftmaxPartial shuffle_xor(SoftmaxPartial value, int offset) {
   return {kernels::shuffle_xor(value.max, offset), kernels::shuffle_xor(value.sum, offset)};
 }
 
-template <int kWidth>
-__global__ void cross_entropy_kernel(float* losses, __nv_bfloat16* logits, const int* targets, int padded_width,
+template <class Logit, int kWidth>
+__global__ void cross_entropy_kernel(float* losses, Logit* logits, const int* targets, int padded_width,
                                      int vocab_size, bool compute_grad, float grad_scale, DeviceErrorRecord* error) {
+  using Group = VectorGroup<Logit, kWidth>;
   __shared__ SoftmaxPartial reduce_scratch[kWarpSize];
   const int row = blockIdx.x;
-  __nv_bfloat16* z = logits + std::size_t(row) * padded_width;
+  Logit* z = logits + std::size_t(row) * padded_width;
   const int target = targets[row];
   const int all_groups = padded_width / kWidth;
   if (target >= vocab_size) {
@@ -50,17 +53,17 @@ __global__ void cross_entropy_kernel(float* losses, __nv_bfloat16* logits, const
   if (target < 0) {  // masked: no loss, no gradient
     if (threadIdx.x == 0) losses[row] = 0.0f;
     if (compute_grad)
-      for (int g = threadIdx.x; g < all_groups; g += blockDim.x) store_group(z, g, Bf16Group<kWidth>{});
+      for (int g = threadIdx.x; g < all_groups; g += blockDim.x) store_group(z, g, Group{});
     return;
   }
   // Read before the block reduction's barriers; pass 2 may overwrite z[target].
-  const float target_logit = __bfloat162float(z[target]);
+  const float target_logit = load_group<1>(z, std::size_t(target)).get(0);
 
   // Groups holding real columns; the last one may reach into the padding, which is skipped.
   const int real_groups = (vocab_size + kWidth - 1) / kWidth;
   SoftmaxPartial partial{-INFINITY, 0.0f};
   for (int g = threadIdx.x; g < real_groups; g += blockDim.x) {
-    const Bf16Group<kWidth> values = load_group<kWidth>(z, g);
+    const Group values = load_group<kWidth>(z, g);
     for (int k = 0; k < kWidth; ++k) {
       if (g * kWidth + k >= vocab_size) break;
       const float value = values.get(k);
@@ -79,8 +82,8 @@ __global__ void cross_entropy_kernel(float* losses, __nv_bfloat16* logits, const
 
   const float shift = total.max + log_sum;  // probability = exp(z − shift)
   for (int g = threadIdx.x; g < all_groups; g += blockDim.x) {
-    const Bf16Group<kWidth> values = load_group<kWidth>(z, g);
-    Bf16Group<kWidth> gradients;
+    const Group values = load_group<kWidth>(z, g);
+    Group gradients;
     for (int k = 0; k < kWidth; ++k) {
       const int c = g * kWidth + k;
       const float probability = c < vocab_size ? expf(values.get(k) - shift) : 0.0f;
@@ -90,17 +93,31 @@ __global__ void cross_entropy_kernel(float* losses, __nv_bfloat16* logits, const
   }
 }
 
+template <class Logit>
+cudaError_t launch_cross_entropy(float* losses, Logit* logits, const int* targets, int rows, int padded_width,
+                                 int vocab_size, bool compute_grad, float grad_scale, DeviceErrorRecord* error,
+                                 cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  return launch_with_group_width(padded_width, {logits}, [&](auto group) {
+    cross_entropy_kernel<Logit, decltype(group)::value><<<rows, kThreads, 0, stream>>>(
+        losses, logits, targets, padded_width, vocab_size, compute_grad, grad_scale, error);
+    return cudaGetLastError();
+  });
+}
+
 }  // namespace
 
 cudaError_t cross_entropy(float* losses, __nv_bfloat16* logits, const int* targets, int rows, int padded_width,
                           int vocab_size, bool compute_grad, float grad_scale, DeviceErrorRecord* error,
                           cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  return launch_with_group_width(padded_width, {logits}, [&](auto group) {
-    cross_entropy_kernel<decltype(group)::value><<<rows, kThreads, 0, stream>>>(
-        losses, logits, targets, padded_width, vocab_size, compute_grad, grad_scale, error);
-    return cudaGetLastError();
-  });
+  return launch_cross_entropy(losses, logits, targets, rows, padded_width, vocab_size, compute_grad, grad_scale, error,
+                              stream);
+}
+
+cudaError_t cross_entropy(float* losses, float* logits, const int* targets, int rows, int padded_width, int vocab_size,
+                          bool compute_grad, float grad_scale, DeviceErrorRecord* error, cudaStream_t stream) {
+  return launch_cross_entropy(losses, logits, targets, rows, padded_width, vocab_size, compute_grad, grad_scale, error,
+                              stream);
 }
 
 }  // namespace pope::kernels

@@ -190,7 +190,8 @@ class Backend {
   // Softmax cross-entropy over the first `vocab_size` columns of logits [N, Vp] (padded
   // columns excluded). losses[n] = −log p(targets[n]); targets < 0 are masked (loss 0, no
   // gradient). With compute_grad, logits are overwritten by dL/dlogits · grad_scale
-  // (padded columns 0).
+  // (padded columns 0). Logits are in the activation dtype or f32 (the model evaluates with
+  // f32 logits on a bf16 backend); the arithmetic is at least fp32 either way.
   virtual void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size,
                              bool compute_grad, double grad_scale) = 0;
 

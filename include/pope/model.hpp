@@ -73,14 +73,16 @@ class Model {
   // Forward (and with `backward`, backward) of B sequences of T tokens. tokens/targets are
   // host int32 [B·T]; targets < 0 are masked. Gradients ACCUMULATE, scaled so that the
   // gradient equals grad_scale · d(Σ token losses). token_losses, if given, receives the
-  // per-token NLL [B·T] (0 where masked).
-  LossSum forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, double grad_scale);
+  // per-token NLL [B·T] (0 where masked). Without a backward the logits are at least fp32
+  // (on a bf16 backend the classifier GEMM writes fp32; training keeps bf16 logits).
+  LossSum forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, double grad_scale,
+                           float* token_losses = nullptr);
   LossSum forward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
                   float* token_losses = nullptr);
   // Forward of B sequences of T tokens, returning the logits over the real vocabulary of the
   // flat positions `rows` (b·T + t), row after row: [rows.size() × vocab_size]. For tasks
   // scored by the argmax at a few positions (indirect indexing); only the classifier chunks
-  // that hold a wanted row are computed.
+  // that hold a wanted row are computed, with forward()'s at-least-fp32 logits.
   std::vector<float> logits_at(const std::int32_t* tokens, int B, int T, std::span<const std::int64_t> rows);
   // The same forward and backward over tokens and targets already in backend memory (i32
   // [B·T]), reading nothing back and never synchronising, so that a training step can be

@@ -16,6 +16,14 @@ namespace {
 // (the full B·T × V matrix is never stored).
 constexpr int kClassifierRows = 1024;
 
+// Logits of passes without a backward (evaluation) are at least fp32: on a bf16 backend the
+// classifier GEMM then stores its fp32-accumulated product unrounded and the log-softmax reads
+// that. Passes with a backward keep the activation dtype (dlogits are written in place and the
+// backward GEMMs read them as a bf16 operand).
+DType forward_only_logits_dtype(DType activation) {
+  return dtype_size(activation) < dtype_size(DType::f32) ? DType::f32 : activation;
+}
+
 std::string layer_name(int layer, const char* what) { return fmt::format("layers.{}.{}", layer, what); }
 
 }  // namespace
@@ -83,7 +91,12 @@ struct Model::Activations {
   std::vector<OwnedTensor> qkv, attn, lse;     // [N, 3C], [N, C], [B, H, T]
   std::vector<OwnedTensor> fc_pre, fc_act;     // [N, 4C]; fc_act one shared when recomputed
   OwnedTensor final_norm, final_rstd;          // [N, C], [N]
-  OwnedTensor logits, losses;                  // [rows, Vp], [N]
+  // The classifier chunk's logits [rows, Vp]: one buffer in the forward-only dtype, which
+  // train_logits sees in the (never wider) activation dtype, so that a trainer's validation
+  // needs no second buffer and no reallocation (it would make a recorded step record again).
+  OwnedTensor eval_logits;
+  Tensor train_logits;
+  OwnedTensor losses;                          // [N]
   // Backward scratch.
   OwnedTensor d_residual, d_norm, d_attn, d_qkv, d_fc;
 
@@ -222,7 +235,9 @@ void Model::reserve(int B, int T) {
   }
   a->final_norm = alloc({N, C}, act);
   a->final_rstd = alloc({N}, stat);
-  a->logits = alloc({std::min<std::int64_t>(N, kClassifierRows), config_.padded_vocab_size}, act);
+  const Shape logits_shape{std::min<std::int64_t>(N, kClassifierRows), config_.padded_vocab_size};
+  a->eval_logits = alloc(logits_shape, forward_only_logits_dtype(act));
+  a->train_logits = Tensor{a->eval_logits.tensor.data, act, backend_.device(), logits_shape};
   a->losses = alloc({N}, stat);
   a->d_residual = alloc({N, C}, act);
   a->d_norm = alloc({N, C}, act);
@@ -234,9 +249,9 @@ void Model::reserve(int B, int T) {
 }
 
 LossSum Model::forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
-                                double grad_scale) {
+                                double grad_scale, float* token_losses) {
   if (targets == nullptr) throw std::invalid_argument("forward_backward needs targets");
-  return run(tokens, targets, B, T, true, grad_scale, nullptr);
+  return run(tokens, targets, B, T, true, grad_scale, token_losses);
 }
 
 LossSum Model::forward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T, float* token_losses) {
@@ -301,7 +316,7 @@ std::vector<float> Model::logits_at(const std::int32_t* tokens, int B, int T, st
   for (std::int64_t r0 = 0; r0 < N; r0 += kClassifierRows) {
     const std::int64_t r1 = std::min<std::int64_t>(N, r0 + kClassifierRows);
     if (std::none_of(rows.begin(), rows.end(), [&](std::int64_t row) { return row >= r0 && row < r1; })) continue;
-    const Tensor logits = a.logits.tensor.rows(0, r1 - r0);
+    const Tensor logits = a.eval_logits.tensor.rows(0, r1 - r0);
     backend_.matmul(logits, a.final_norm.tensor.rows(r0, r1), weight(wte_), false, true);
     const std::vector<float> chunk = tensor_to_host_f32(backend_, logits);
     for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -357,10 +372,11 @@ void Model::classifier(Tensor targets, std::int64_t N, bool backward, double gra
   Activations& a = *acts_;
   Backend& be = backend_;
   const Tensor wte = weight(wte_);
+  const Tensor chunk_logits = backward ? a.train_logits : a.eval_logits.tensor;
   for (std::int64_t r0 = 0; r0 < N; r0 += kClassifierRows) {
     const std::int64_t r1 = std::min<std::int64_t>(N, r0 + kClassifierRows);
     const Tensor x = a.final_norm.tensor.rows(r0, r1);
-    const Tensor logits = a.logits.tensor.rows(0, r1 - r0);
+    const Tensor logits = chunk_logits.rows(0, r1 - r0);
     be.matmul(logits, x, wte, false, true);
     be.cross_entropy(a.losses.tensor.rows(r0, r1), logits, targets.rows(r0, r1), config_.vocab_size, backward,
                      grad_scale);

@@ -450,16 +450,22 @@ class CudaBackend final : public Backend {
   void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
                      double grad_scale) override {
     constexpr std::string_view op = "cross_entropy";
-    check_2d(op, "logits", logits, DType::bf16);
+    // bf16 logits in training (dlogits in place), fp32 in evaluation (Model::classifier).
+    const bool f32_logits = logits.dtype == DType::f32;
+    require(f32_logits || logits.dtype == DType::bf16, op,
+            fmt::format("logits are {}, expected bf16 or f32", dtype_name(logits.dtype)));
+    check_2d(op, "logits", logits, logits.dtype);
     const std::int64_t rows = logits.dim(0), padded = logits.dim(1);
     require(vocab_size > 0 && vocab_size <= padded, op,
             fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
     check_vector(op, "targets", targets, DType::i32, rows);
     check_vector(op, "losses", losses, DType::f32, rows);
     check_sizes(op, {rows, padded});
-    launched(kernels::cross_entropy(losses.as<float>(), bf16_data(logits), targets.as<std::int32_t>(), int(rows),
-                                    int(padded), vocab_size, compute_grad, float(grad_scale), device_error_, stream_),
-             op);
+    const auto launch = [&](auto* z) {
+      return kernels::cross_entropy(losses.as<float>(), z, targets.as<std::int32_t>(), int(rows), int(padded),
+                                    vocab_size, compute_grad, float(grad_scale), device_error_, stream_);
+    };
+    launched(f32_logits ? launch(logits.as<float>()) : launch(bf16_data(logits)), op);
   }
 
   double sum_of_squares(Tensor x) override {

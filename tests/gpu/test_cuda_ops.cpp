@@ -421,12 +421,20 @@ TEST_F(CudaOps, GeluAndAddMatchCpuIncludingAliasingAndUnalignedViews) {
 class CudaCrossEntropy : public CudaOps {
  protected:
   // Logits with random values in the padded columns too (they must be ignored), targets with
-  // two masked rows and one at the last real column.
-  void expect_matches_cpu(int rows, int vocab, int padded, bool compute_grad) {
+  // two masked rows and one at the last real column. bf16 logits (training) hold bf16 values;
+  // f32 logits (evaluation) hold values bf16 cannot represent, so that rounding them anywhere
+  // on the way would show against the fp32 CPU reference.
+  void expect_matches_cpu(int rows, int vocab, int padded, bool compute_grad, DType logits_dtype = DType::bf16) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows << " vocab " << vocab << " padded " << padded << " grad "
-                                      << compute_grad);
-    const std::vector<float> logit_values = random_bf16_values(std::size_t(rows) * padded, 26, 3.0f);
-    Pair logits = pair({rows, padded}, DType::bf16, logit_values);
+                                      << compute_grad << " logits " << dtype_name(logits_dtype));
+    const bool f32 = logits_dtype == DType::f32;
+    std::vector<float> logit_values = random_bf16_values(std::size_t(rows) * padded, 26, 3.0f);
+    if (f32) {
+      std::mt19937_64 engine(30);
+      std::uniform_real_distribution<float> below_bf16_resolution(-0.01f, 0.01f);
+      for (float& v : logit_values) v += below_bf16_resolution(engine);
+    }
+    Pair logits = pair({rows, padded}, logits_dtype, logit_values);
     std::vector<std::int32_t> target_values = random_ids(std::size_t(rows), vocab, 27);
     target_values[1] = -1;
     target_values[std::size_t(rows) - 2] = -100;
@@ -437,7 +445,7 @@ class CudaCrossEntropy : public CudaOps {
     const double grad_scale = 0.25;
     gpu_->cross_entropy(losses.gpu.tensor, logits.gpu.tensor, targets.gpu.tensor, vocab, compute_grad, grad_scale);
     cpu_->cross_entropy(losses.cpu.tensor, logits.cpu.tensor, targets.cpu.tensor, vocab, compute_grad, grad_scale);
-    EXPECT_LT(error_of(losses), 1e-5);
+    EXPECT_LT(error_of(losses), 1e-5);  // bf16-rounding the f32 logits would cost a few 1e-4
     const std::vector<double> loss_values = download(*gpu_, losses.gpu.tensor);
     EXPECT_EQ(loss_values[1], 0.0);
     EXPECT_EQ(loss_values[std::size_t(rows) - 2], 0.0);
@@ -447,7 +455,7 @@ class CudaCrossEntropy : public CudaOps {
       EXPECT_EQ(result, std::vector<double>(logit_values.begin(), logit_values.end())) << "logits were modified";
       return;
     }
-    EXPECT_LT(relative_error(result, download(*cpu_, logits.cpu.tensor)), kBf16Tolerance);
+    EXPECT_LT(relative_error(result, download(*cpu_, logits.cpu.tensor)), f32 ? 1e-4 : kBf16Tolerance);
     for (int n = 0; n < rows; ++n) {
       const bool masked = target_values[std::size_t(n)] < 0;
       for (int c = masked ? 0 : vocab; c < padded; ++c)
@@ -463,6 +471,22 @@ TEST_F(CudaCrossEntropy, PaddedVocabularyAndMaskedTargets) {
 }
 
 TEST_F(CudaCrossEntropy, Gpt2Vocabulary) { expect_matches_cpu(6, 50257, 50304, true); }
+
+// Evaluation's fp32 logits: the same kernel reading fp32 rows, in 8-wide groups and singly.
+TEST_F(CudaCrossEntropy, Fp32Logits) {
+  expect_matches_cpu(33, 1000, 1024, false, DType::f32);
+  expect_matches_cpu(33, 1000, 1024, true, DType::f32);
+  expect_matches_cpu(5, 37, 37, false, DType::f32);  // odd width: one column at a time
+  expect_matches_cpu(6, 50257, 50304, false, DType::f32);
+}
+
+TEST_F(CudaCrossEntropy, RejectsLogitsThatAreNeitherBf16NorF32) {
+  OwnedTensor logits = allocate_tensor(*gpu_, {4, 128}, DType::f64);
+  OwnedTensor targets = make_ids(*gpu_, {1, 2, 3, 4});
+  OwnedTensor losses = allocate_tensor(*gpu_, {4}, DType::f32);
+  expect_invalid_argument([&] { gpu_->cross_entropy(losses.tensor, logits.tensor, targets.tensor, 100, false, 1.0); },
+                          "logits are f64, expected bf16 or f32");
+}
 
 TEST_F(CudaCrossEntropy, TargetBeyondVocabularyIsReported) {
   OwnedTensor logits = make_tensor(*gpu_, {4, 128}, DType::bf16, random_bf16_values(4 * 128, 28));

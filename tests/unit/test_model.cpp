@@ -210,6 +210,27 @@ TEST(ModelForward, MaskedTargetsAndTokenLosses) {
   for (int t = 0; t < 7; ++t) EXPECT_EQ(after[std::size_t(t)], per_token[std::size_t(t)]) << t;
 }
 
+// forward_backward reports the same per-token losses as forward: on the CPU both passes compute
+// the logits in the backend's own precision (only a bf16 backend evaluates in wider logits).
+TEST(ModelForward, ForwardBackwardReportsTheForwardsTokenLosses) {
+  auto backend = make_backend("cpu", "double", 1);
+  const ModelConfig c = tiny_model("rope");
+  Model model(c, *backend);
+  model.initialize(3);
+  Rng rng(4);
+  const auto tokens = random_tokens(rng, 16, c.vocab_size);
+  auto targets = random_tokens(rng, 16, c.vocab_size);
+  targets[3] = -1;
+  std::vector<float> forward_losses(16), training_losses(16, -1.0f);
+  const LossSum evaluated = model.forward(tokens.data(), targets.data(), 2, 8, forward_losses.data());
+  model.zero_gradients();
+  const LossSum trained = model.forward_backward(tokens.data(), targets.data(), 2, 8, 1.0 / 15, training_losses.data());
+  EXPECT_EQ(trained.sum, evaluated.sum);
+  EXPECT_EQ(trained.count, 15);
+  EXPECT_EQ(training_losses, forward_losses);
+  EXPECT_EQ(training_losses[3], 0.0f);
+}
+
 TEST(ModelForward, RejectsTokensOutsideTheVocabulary) {
   auto backend = make_backend("cpu", "float", 1);
   const ModelConfig c = tiny_model("rope");
