@@ -40,7 +40,7 @@ std::vector<ParamSegment> segments_within(std::span<const ParamSegment> segments
 AdamW::AdamW(Model& model, const OptimConfig& config, Communicator* shard_over)
     : model_(model), config_(config) {
   const Tensor arena = model.padded_parameters();
-  shard_end_ = arena.numel();
+  shard_end_ = model.parameters().numel();  // unsharded: the whole arena, without any padding
   if (shard_over != nullptr && shard_over->size() > 1) {
     const int ranks = shard_over->size();
     if (arena.numel() % ranks != 0)
