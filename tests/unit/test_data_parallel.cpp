@@ -140,6 +140,10 @@ TEST_F(DataParallelTest, ZeroOneFollowsOneRankAndItsCheckpointResumesUnsharded) 
   const auto pair = train_on(2, "zero", "", 7);
   EXPECT_EQ(pair[0], pair[1]) << "data-parallel ranks must hold bit-identical weights";
   ASSERT_EQ(latest_checkpoint(dir_ / "zero")->filename(), "step_00000007");
+  std::ifstream log(dir_ / "zero" / "train.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("gradients: one reduce-scatter after the backward; optimizer state"), std::string::npos) << text;
+  EXPECT_NE(text.find("(ZeRO-1: 1/2 of"), std::string::npos) << text;
   config_.train.zero_stage = 0;  // not part of the config hash: the resume is allowed
   train_on(1, "zero", "auto");
   expect_same_curve(train_losses(dir_ / "single"), train_losses(dir_ / "zero"));
