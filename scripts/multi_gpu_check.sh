@@ -6,7 +6,9 @@
 #      checks at every checkpoint that the ranks' weights are bit-identical;
 #   2. faults: one rank killed (mpirun and environment launch) must end the job with an error
 #      within a bounded time; SIGTERM to mpirun must checkpoint;
-#   3. scaling: tokens/s of 124M and 774M, RoPE and PoPE, on 1 and 2 GPUs at the same global batch.
+#      ZeRO-1 (train.zero_stage=1) against the same 1-GPU run, and its checkpoint resumed on 1 GPU;
+#   3. scaling: tokens/s of 124M and 774M, RoPE and PoPE, on 1 and 2 GPUs at the same global batch,
+#      and 124M on 2 GPUs with the reduction not overlapped (one all-reduce) and with ZeRO-1.
 # Prints a table last. Logs go to $OUT (or /tmp/pope_multi_gpu). Usage: scripts/multi_gpu_check.sh [scaling steps]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,7 @@ declare -a ROWS
 # Each row is printed as soon as it is known (a run cut short by a time limit keeps what it
 # measured) and again in the table at the end.
 row() { ROWS+=("| $1 | $2 |"); echo "| $1 | $2 |"; }
+verdict() { if [ "$1" = 0 ]; then echo PASS; else echo FAIL; fi; }
 since() { python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$1"; }
 
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$LOGS/gpus.txt"
@@ -36,6 +39,10 @@ if ! cmake --build build/gpu -j "$(nproc)" --target pope-train pope_gpu_tests >"
 fi
 build/gpu/tests/pope_gpu_tests --gtest_filter='NcclCommunicator*' >"$LOGS/nccl_tests.log" 2>&1
 row "NCCL communicator GPU tests" "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/nccl_tests.log" | tr '\n' ' ')"
+# Overlapped buckets == one all-reduce (bitwise); ZeRO-1 == unsharded (bitwise without clipping).
+build/gpu/tests/pope_gpu_tests --gtest_filter='NcclDataParallelStep*' >"$LOGS/nccl_step_tests.log" 2>&1
+row "overlap and ZeRO-1 GPU tests" "$(verdict $?) $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' \
+  "$LOGS/nccl_step_tests.log" | tr '\n' ' ')"
 [ -f data/demo/train.bin ] || { echo "multi_gpu_check: data/demo/train.bin is missing (scripts/fetch_data.sh)"; exit 1; }
 
 # Small model, 30 steps, global batch 16 = 4 × accumulation 4 (1 rank) or 4 × 2 × 2 ranks.
@@ -52,6 +59,20 @@ for kind in pope rope; do
   result=$(python3 scripts/compare_runs.py "$RUNS/one_$kind" "$RUNS/mpi_$kind" 2>&1)
   row "parity $kind: 1 GPU vs mpirun -np 2 (exit $rc)" "$result"
 done
+# ZeRO-1: the optimizer state sharded over the 2 ranks follows the same 1-GPU run; then its
+# last checkpoint (moments gathered to rank 0) resumes on 1 GPU without ZeRO-1 to step 40.
+"${MPIRUN[@]}" $TRAIN "${SMALL[@]}" --set train.zero_stage=1 --out "$RUNS/zero_pope" >"$LOGS/parity_zero_pope.log" 2>&1
+rc=$?
+result=$(python3 scripts/compare_runs.py "$RUNS/one_pope" "$RUNS/zero_pope" 2>&1)
+compared=$?
+row "parity pope: 1 GPU vs mpirun -np 2 ZeRO-1 (exit $rc)" "$(verdict $((rc + compared))) $result; \
+$(grep -m1 -oE "optimizer state [^|]*" "$LOGS/parity_zero_pope.log")"
+$TRAIN "${SMALL[@]}" --set train.steps=40 --resume auto --out "$RUNS/zero_pope" >"$LOGS/zero_resume_one.log" 2>&1
+rc=$?
+resumed=$(grep -m1 -oE "resumed from [^ ]+ at step 30" "$LOGS/zero_resume_one.log")
+[ $rc = 0 ] && [ -n "$resumed" ]
+row "ZeRO-1 checkpoint resumed on 1 GPU without ZeRO-1, to step 40" "$(verdict $?) exit $rc, ${resumed:-no resume line}"
+
 # The same without MPI: RANK/WORLD_SIZE/LOCAL_RANK and a file rendezvous.
 rendezvous="$RUNS/rendezvous_parity"
 pids=()
@@ -139,6 +160,20 @@ for size in 124m 774m; do
     row "scaling $size $kind, global batch $((2 * micro)) × 1024" \
       "1 GPU $one tok/s, 2 GPUs $two tok/s, ×$(python3 -c "print(f'{$two / max($one, 1):.2f}')")"
   done
+done
+
+# The gradient reduction overlapped with the backward (default 25 MiB buckets, as above)
+# against one all-reduce after it, and ZeRO-1, on 2 GPUs: 124M RoPE.
+ARGS=(--config configs/owt_124m.json --device cuda --set data.train=data/demo/train.bin
+      --set data.val=data/demo/val.bin --set model.position.kind=rope --set train.steps="$STEPS"
+      --set train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=0
+      --set train.micro_batch_size=32 --set train.batch_size=64)
+for variant in "train.ddp_bucket_mb=0" "train.zero_stage=1"; do
+  name=${variant//[^a-z0-9]/_}
+  "${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set "$variant" --out "$RUNS/scale_two_124m_$name" \
+    >"$LOGS/scale_two_124m_$name.log" 2>&1
+  row "scaling 124m rope, 2 GPUs, $variant vs overlapped buckets" \
+    "$(tokens_per_second "$RUNS/scale_two_124m_$name") tok/s vs $(tokens_per_second "$RUNS/scale_two_124m_rope") tok/s"
 done
 
 echo

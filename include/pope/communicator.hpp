@@ -30,6 +30,19 @@ class Communicator {
   // Queued after the work already queued on the backend, without waiting; every rank must
   // make the same calls in the same order.
   virtual void all_reduce_sum(Tensor data) = 0;
+  // The same sum, queued on the communicator's own stream once the work queued on the
+  // backend so far has finished, so that the backend goes on with later work (the rest of
+  // the backward pass) meanwhile. `data` must not be written until join(). Backends that run
+  // in order (the CPU) may reduce at once.
+  virtual void all_reduce_sum_async(Tensor data) = 0;
+  // Work queued on the backend after this call waits for every all_reduce_sum_async before it.
+  virtual void join() = 0;
+  // ZeRO-1's pair, in place over data of numel divisible by size(), in equal shards (rank r's
+  // shard is elements [r·n/size, (r+1)·n/size)): reduce_scatter_sum leaves in this rank's
+  // shard the sum over ranks of that shard (the rest of data is left undefined);
+  // all_gather gives every rank every rank's shard. Queued like all_reduce_sum.
+  virtual void reduce_scatter_sum(Tensor data) = 0;
+  virtual void all_gather(Tensor data) = 0;
   // Waits for `fence` (recorded after collectives) while watching for failed ranks: throws
   // CommunicatorError when the communication failed or the fence is not reached within the
   // timeout, instead of blocking for ever.
@@ -42,12 +55,16 @@ class Communicator {
   virtual void abort() noexcept = 0;
 };
 
-// Rank 0 of 1: nothing to reduce; wait() is the fence's own wait.
+// Rank 0 of 1: nothing to reduce (its one shard is the whole tensor); wait() is the fence's own wait.
 class SingleProcessCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void all_reduce_sum(Tensor) override {}
+  void all_reduce_sum_async(Tensor) override {}
+  void join() override {}
+  void reduce_scatter_sum(Tensor) override {}
+  void all_gather(Tensor) override {}
   void wait(Fence& fence) override { fence.wait(); }
   void barrier() override {}
   void abort() noexcept override {}

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -36,7 +37,9 @@ struct LossSum {
 
 class Model {
  public:
-  Model(const ModelConfig& config, Backend& backend);
+  // arena_multiple > 1 pads the master-weight and gradient arenas with zeros to a multiple
+  // of it (ZeRO-1 splits them into that many equal shards); see padded_parameters().
+  Model(const ModelConfig& config, Backend& backend, int arena_multiple = 1);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -50,6 +53,10 @@ class Model {
   // Master weights and their gradients (parameter dtype, arena order).
   Tensor parameters() const { return params_.tensor; }
   Tensor gradients() const { return grads_.tensor; }
+  // The same arenas followed by the zero padding up to the constructor's arena_multiple (the
+  // padding is never written by the model nor touched by the optimizer's segments).
+  Tensor padded_parameters() const { return padded(params_.tensor); }
+  Tensor padded_gradients() const { return padded(grads_.tensor); }
   // Weights in the activation dtype used by forward/backward; the master tensor itself when
   // the dtypes agree. Call refresh_compute_weights() after writing parameters() directly.
   Tensor compute_weights() const;
@@ -64,6 +71,15 @@ class Model {
   void parameters_from_host(std::span<const float> values);
 
   void zero_gradients();
+
+  // Called by every backward pass as soon as the gradients of arena elements [begin, end)
+  // are final for it (no later op of that pass writes them), so that their reduction can
+  // start while the rest of the backward runs: the final norm first, then each layer from
+  // the last to the first, the embedding last (tied to the classifier, it is written both
+  // first and last). The ranges are contiguous, each ends where the previous one began, and
+  // together they cover gradients(). An empty function: no calls.
+  using GradientsReady = std::function<void(std::int64_t begin, std::int64_t end)>;
+  void set_gradients_ready(GradientsReady callback) { gradients_ready_ = std::move(callback); }
 
   // Keep one shared buffer for every layer's RMSNorm and GELU outputs and recompute them in
   // the backward (the same kernels on the same inputs: bitwise the same gradients). Frees
@@ -104,6 +120,8 @@ class Model {
   void forward_pass(Tensor tokens, int B, int T);
   void classifier(Tensor targets, std::int64_t N, bool backward, double grad_scale);
   void backward_pass(Tensor tokens, int B, int T);
+  void gradients_final(std::int64_t begin, std::int64_t end) const;
+  Tensor padded(const Tensor& arena) const;
 
   ModelConfig config_;
   Backend& backend_;
@@ -119,6 +137,11 @@ class Model {
   };
   std::size_t wte_ = 0, final_norm_ = 0;
   std::vector<LayerIndex> layers_;
+  // Arena offset where each layer's tensors begin (they are contiguous), then the final
+  // norm's: layer l owns [layer_begin_[l], layer_begin_[l + 1]).
+  std::vector<std::int64_t> layer_begin_;
+  std::int64_t padded_numel_ = 0;
+  GradientsReady gradients_ready_;
   std::unique_ptr<Activations> acts_;
   bool recompute_ = false;
   std::uint64_t activation_generation_ = 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pope/backend.hpp"
+#include "pope/communicator.hpp"
 #include "pope/config.hpp"
 #include "pope/model.hpp"
 
@@ -25,7 +26,13 @@ struct OptimizerStepResult {
 
 class AdamW {
  public:
-  AdamW(Model& model, const OptimConfig& config);
+  // With `shard_over` of several ranks the optimizer is sharded (ZeRO-1): the model's arenas
+  // must be padded to a multiple of the ranks (Model's arena_multiple), this rank keeps the
+  // moments of its equal shard of the padded arena only and updates that shard of the master
+  // weights, from gradients whose shard the caller has summed over the ranks
+  // (Communicator::reduce_scatter_sum); the step then gathers every rank's updated fp32
+  // shard and refreshes the compute copy. Throws std::invalid_argument for an unpadded arena.
+  AdamW(Model& model, const OptimConfig& config, Communicator* shard_over = nullptr);
 
   // Clips by global norm and applies one AdamW update with learning rate `lr`. `step` is
   // the 1-based update count used for bias correction. A non-finite gradient norm leaves
@@ -43,17 +50,28 @@ class AdamW {
   // What the host reports of a step from its stats (StepStatsSlot order).
   OptimizerStepResult result_from(std::span<const double, kStepStatsSize> stats) const;
 
-  // Moments as host fp32 (arena order) for checkpoints.
+  // Moments of the whole arena as host fp32 (arena order) for checkpoints, the same on
+  // every rank: when sharded, the shards are gathered, so every rank must call these
+  // together. moments_from_host takes the whole arena's moments and keeps this rank's shard.
   std::vector<float> first_moment_to_host() const;
   std::vector<float> second_moment_to_host() const;
   void moments_from_host(std::span<const float> m, std::span<const float> v);
 
+  bool sharded() const { return shard_over_ != nullptr; }
+  // Bytes of AdamW moments this rank holds.
+  std::size_t state_bytes() const { return m_.tensor.nbytes() + v_.tensor.nbytes(); }
+
  private:
+  std::vector<float> moment_to_host(const Tensor& moment) const;
+  Tensor shard_of(const Tensor& padded_arena) const;
+
   Model& model_;
   OptimConfig config_;
+  Communicator* shard_over_ = nullptr;  // null: not sharded
+  std::int64_t shard_begin_ = 0, shard_end_ = 0;  // this rank's elements of the padded arena
   OwnedTensor m_, v_;
   OwnedTensor schedule_, stats_;  // for step(), which runs the device-side step eagerly
-  std::vector<ParamSegment> segments_;
+  std::vector<ParamSegment> segments_;  // relative to shard_begin_, cut at the shard's edges
 };
 
 }  // namespace pope

@@ -37,10 +37,16 @@ class TrainStep {
   // use_graph = false keeps every step eager (for comparisons); it is ignored by backends
   // without graph support. With a communicator of several ranks, each step sums the
   // gradients and losses over the ranks before the optimizer (so every rank applies the same
-  // update) and runs eagerly; nullptr means a single process. Throws std::invalid_argument
-  // for a non-positive shape.
+  // update) and runs eagerly; nullptr means a single process. The gradient sum is an
+  // all-reduce per bucket of at least bucket_bytes, started during the backward of the last
+  // micro-batch as soon as its layers are done (bucket_bytes = 0: one all-reduce of the whole
+  // arena after the backward), or, when the optimizer is sharded (ZeRO-1), one reduce-scatter
+  // after the backward. Throws std::invalid_argument for a non-positive shape or a negative
+  // bucket size.
   TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph = true,
-            Communicator* communicator = nullptr);
+            Communicator* communicator = nullptr, std::int64_t bucket_bytes = kDefaultBucketBytes);
+
+  static constexpr std::int64_t kDefaultBucketBytes = std::int64_t(25) << 20;
   ~TrainStep();
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
@@ -85,6 +91,7 @@ class TrainStep {
   bool warm_ = false;                      // an eager step has run on...
   std::uint64_t warm_generation_ = 0;      // ...these activation buffers
   long enqueued_ = 0;
+  std::int64_t bucket_bytes_;
 };
 
 }  // namespace pope

@@ -97,6 +97,11 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(train.keep_checkpoints), at_least(1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.max_nonfinite_steps), at_least(0)},
       {POPE_CONFIG_KEY(train.activation_recompute)},
+      // How the ranks share the work changes neither the data nor the arithmetic of a step
+      // (beyond rounding), and checkpoints hold the whole optimizer state: not hashed, so a
+      // run resumes with either setting.
+      {POPE_CONFIG_KEY(train.ddp_bucket_mb), at_least(0), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.zero_stage), between(0, 1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.device), any(), {"auto", "cpu", "cuda"}, Hashed::no},
       {POPE_CONFIG_KEY(train.threads), at_least(0), {}, Hashed::no},
       {POPE_CONFIG_KEY(out_dir), any(), {}, Hashed::no},

@@ -109,12 +109,19 @@ struct Model::Activations {
   Tensor fc_act_of(int l) const { return of_layer(fc_act, l); }
 };
 
-Model::Model(const ModelConfig& config, Backend& backend)
+Model::Model(const ModelConfig& config, Backend& backend, int arena_multiple)
     : config_(config), backend_(backend), position_(make_position_encoding(config)) {
+  if (arena_multiple < 1)
+    throw std::invalid_argument(fmt::format("Model: arena multiple {}, expected >= 1", arena_multiple));
   layout_ = build_parameter_layout(config_, *position_);
   const BackendDTypes dt = backend_.dtypes();
-  params_ = allocate_tensor(backend_, {layout_.total_numel()}, dt.parameter);
-  grads_ = allocate_tensor(backend_, {layout_.total_numel()}, dt.parameter);
+  const std::int64_t numel = layout_.total_numel();
+  padded_numel_ = (numel + arena_multiple - 1) / arena_multiple * arena_multiple;
+  // Allocated padded, viewed without the padding (allocate() zero-fills it).
+  params_ = allocate_tensor(backend_, {padded_numel_}, dt.parameter);
+  grads_ = allocate_tensor(backend_, {padded_numel_}, dt.parameter);
+  params_.tensor.shape = {numel};
+  grads_.tensor.shape = {numel};
   separate_compute_ = dt.activation != dt.parameter;
   if (separate_compute_) compute_ = allocate_tensor(backend_, {layout_.total_numel()}, dt.activation);
 
@@ -132,6 +139,31 @@ Model::Model(const ModelConfig& config, Backend& backend)
     for (const auto& spec : position_specs) li.position.push_back(layout_.index_of(layer_name(l, ("position." + spec.name).c_str())));
     layers_.push_back(std::move(li));
   }
+  // The overlapped gradient reduction relies on each layer owning one contiguous run of the
+  // arena that the backward pass finishes at once.
+  for (int l = 0; l < config_.n_layer; ++l) layer_begin_.push_back(layout_.offset(layers_[std::size_t(l)].attn_norm));
+  layer_begin_.push_back(layout_.offset(final_norm_));
+  for (int l = 0; l < config_.n_layer; ++l) {
+    const LayerIndex& li = layers_[std::size_t(l)];
+    std::vector<std::size_t> owned{li.attn_norm, li.qkv, li.attn_proj, li.mlp_norm, li.fc, li.mlp_proj};
+    owned.insert(owned.end(), li.position.begin(), li.position.end());
+    for (std::size_t index : owned)
+      if (layout_.offset(index) < layer_begin_[std::size_t(l)] || layout_.offset(index) >= layer_begin_[std::size_t(l) + 1])
+        throw std::logic_error(fmt::format("Model: {} lies outside layer {}'s run of the parameter arena",
+                                           layout_.specs()[index].name, l));
+  }
+  if (layout_.offset(wte_) != 0 || layer_begin_.front() < shape_numel(layout_.specs()[wte_].shape))
+    throw std::logic_error("Model: the embedding must come first in the parameter arena");
+}
+
+Tensor Model::padded(const Tensor& arena) const {
+  Tensor t = arena;
+  t.shape = {padded_numel_};
+  return t;
+}
+
+void Model::gradients_final(std::int64_t begin, std::int64_t end) const {
+  if (gradients_ready_) gradients_ready_(begin, end);
 }
 
 Model::~Model() = default;
@@ -198,7 +230,7 @@ void Model::parameters_from_host(std::span<const float> values) {
   refresh_compute_weights();
 }
 
-void Model::zero_gradients() { backend_.fill(grads_.tensor, 0.0); }
+void Model::zero_gradients() { backend_.fill(padded_gradients(), 0.0); }
 
 void Model::set_activation_recompute(bool recompute) {
   if (recompute == recompute_) return;
@@ -397,6 +429,7 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
   be.fill(a.d_residual.tensor, 0.0);
   be.rmsnorm_backward(a.d_residual.tensor, grad(final_norm_), a.d_norm.tensor, a.residual[config_.n_layer].tensor,
                       weight(final_norm_), a.final_rstd.tensor);
+  gradients_final(layer_begin_.back(), layout_.total_numel());
 
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const LayerIndex& li = layers_[std::size_t(l)];
@@ -431,8 +464,10 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
     be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1_of(l), true, false, 1.0, 1.0);
     be.rmsnorm_backward(a.d_residual.tensor, grad(li.attn_norm), a.d_norm.tensor, a.residual[l].tensor,
                         weight(li.attn_norm), a.rstd1[l].tensor);
+    gradients_final(layer_begin_[std::size_t(l)], layer_begin_[std::size_t(l) + 1]);
   }
   be.embedding_backward(grad(wte_), a.d_residual.tensor, tokens);
+  gradients_final(0, layer_begin_.front());
 }
 
 }  // namespace pope

@@ -20,14 +20,46 @@ double learning_rate(const OptimConfig& c, long step, long total_steps) {
   return c.min_lr + coefficient * (c.lr - c.min_lr);
 }
 
-AdamW::AdamW(Model& model, const OptimConfig& config)
-    : model_(model), config_(config), segments_(model.segments()) {
-  const Tensor p = model.parameters();
-  m_ = allocate_tensor(model.backend(), p.shape, p.dtype);
-  v_ = allocate_tensor(model.backend(), p.shape, p.dtype);
+namespace {
+
+// The segments' parts inside [begin, end), with offsets relative to begin: a tensor cut by
+// a shard edge keeps its weight-decay flag on both sides.
+std::vector<ParamSegment> segments_within(std::span<const ParamSegment> segments, std::int64_t begin,
+                                          std::int64_t end) {
+  std::vector<ParamSegment> cut;
+  for (const ParamSegment& segment : segments) {
+    const std::int64_t first = std::max(segment.offset, begin);
+    const std::int64_t last = std::min(segment.offset + segment.numel, end);
+    if (first < last) cut.push_back({first - begin, last - first, segment.weight_decay});
+  }
+  return cut;
+}
+
+}  // namespace
+
+AdamW::AdamW(Model& model, const OptimConfig& config, Communicator* shard_over)
+    : model_(model), config_(config) {
+  const Tensor arena = model.padded_parameters();
+  shard_end_ = model.parameters().numel();  // unsharded: the whole arena, without any padding
+  if (shard_over != nullptr && shard_over->size() > 1) {
+    const int ranks = shard_over->size();
+    if (arena.numel() % ranks != 0)
+      throw std::invalid_argument(fmt::format("AdamW: a parameter arena of {} elements cannot be sharded over {} ranks; "
+                                              "construct the model with arena_multiple = {}",
+                                              arena.numel(), ranks, ranks));
+    shard_over_ = shard_over;
+    const std::int64_t shard = arena.numel() / ranks;
+    shard_begin_ = shard * shard_over->rank();
+    shard_end_ = shard_begin_ + shard;
+  }
+  segments_ = segments_within(model.segments(), shard_begin_, shard_end_);
+  m_ = allocate_tensor(model.backend(), {shard_end_ - shard_begin_}, arena.dtype);
+  v_ = allocate_tensor(model.backend(), {shard_end_ - shard_begin_}, arena.dtype);
   schedule_ = allocate_tensor(model.backend(), {kStepScheduleSize}, DType::f64);
   stats_ = allocate_tensor(model.backend(), {kStepStatsSize}, DType::f64);
 }
+
+Tensor AdamW::shard_of(const Tensor& padded_arena) const { return padded_arena.rows(shard_begin_, shard_end_); }
 
 std::array<double, kStepScheduleSize> AdamW::schedule(long step, double lr) const {
   if (step < 1)
@@ -39,9 +71,17 @@ std::array<double, kStepScheduleSize> AdamW::schedule(long step, double lr) cons
   return values;
 }
 
+// Sharded, the squared norm is the sum over ranks of each shard's sum (the padding adds
+// zeros), so every rank clips and guards with the same global norm. The updated fp32 master
+// shards are gathered and converted on every rank rather than gathering bf16 compute
+// copies: every rank then holds the full master weights, as without sharding, so checkpoints,
+// evaluation and the ranks' weight check work unchanged, for twice the gather's bytes.
 void AdamW::step_on_device(Tensor schedule, Tensor stats) {
   Backend& be = model_.backend();
-  be.sum_of_squares_into(stats.rows(kStatsGradSquares, kStatsGradSquares + 1), model_.gradients());
+  const Tensor grads = shard_of(model_.padded_gradients());
+  const Tensor squares = stats.rows(kStatsGradSquares, kStatsGradSquares + 1);
+  be.sum_of_squares_into(squares, grads);
+  if (sharded()) shard_over_->all_reduce_sum(squares);
   AdamWHyper hyper;
   hyper.beta1 = config_.beta1;
   hyper.beta2 = config_.beta2;
@@ -50,8 +90,12 @@ void AdamW::step_on_device(Tensor schedule, Tensor stats) {
   hyper.grad_clip = config_.grad_clip;
   const Tensor compute = model_.compute_weights();
   const bool separate = compute.data != model_.parameters().data;
-  be.adamw_guarded(model_.parameters(), model_.gradients(), m_.tensor, v_.tensor, segments_, hyper, schedule, stats,
-                   separate ? compute : Tensor{});
+  be.adamw_guarded(shard_of(model_.padded_parameters()), grads, m_.tensor, v_.tensor, segments_, hyper, schedule,
+                   stats, separate && !sharded() ? compute : Tensor{});
+  if (sharded()) {
+    shard_over_->all_gather(model_.padded_parameters());
+    model_.refresh_compute_weights();
+  }
 }
 
 OptimizerStepResult AdamW::result_from(std::span<const double, kStepStatsSize> stats) const {
@@ -73,12 +117,40 @@ OptimizerStepResult AdamW::step(long step, double lr) {
   return result_from(stats);
 }
 
-std::vector<float> AdamW::first_moment_to_host() const { return tensor_to_host_f32(model_.backend(), m_.tensor); }
-std::vector<float> AdamW::second_moment_to_host() const { return tensor_to_host_f32(model_.backend(), v_.tensor); }
+std::vector<float> AdamW::first_moment_to_host() const { return moment_to_host(m_.tensor); }
+std::vector<float> AdamW::second_moment_to_host() const { return moment_to_host(v_.tensor); }
+
+// Sharded: every rank places its shard in a zeroed copy of the padded arena and the copies
+// are gathered, so one checkpoint format serves any number of ranks, sharded or not.
+std::vector<float> AdamW::moment_to_host(const Tensor& moment) const {
+  Backend& be = model_.backend();
+  if (!sharded()) return tensor_to_host_f32(be, moment);
+  const OwnedTensor whole = allocate_tensor(be, model_.padded_parameters().shape, moment.dtype);
+  be.copy(shard_of(whole.tensor), moment);
+  shard_over_->all_gather(whole.tensor);
+  const std::unique_ptr<Fence> gathered = be.make_fence();
+  gathered->record();
+  shard_over_->wait(*gathered);  // bounded, unlike the copy's own wait, should a rank have died
+  std::vector<float> values = tensor_to_host_f32(be, whole.tensor);
+  values.resize(std::size_t(model_.parameters().numel()));  // without the padding
+  return values;
+}
 
 void AdamW::moments_from_host(std::span<const float> m, std::span<const float> v) {
-  tensor_from_host_f32(model_.backend(), m_.tensor, m);
-  tensor_from_host_f32(model_.backend(), v_.tensor, v);
+  const std::size_t numel = std::size_t(model_.parameters().numel());
+  if (m.size() != numel || v.size() != numel)
+    throw std::invalid_argument(fmt::format("AdamW: moments of {} and {} elements given, expected the arena's {}",
+                                            m.size(), v.size(), numel));
+  // This rank's shard; the part of it in the padding stays zero.
+  const auto shard = [&](std::span<const float> whole) {
+    std::vector<float> part(std::size_t(shard_end_ - shard_begin_), 0.0f);
+    const std::size_t last = std::min(numel, std::size_t(shard_end_));
+    if (std::size_t(shard_begin_) < last)
+      std::copy(whole.begin() + shard_begin_, whole.begin() + std::ptrdiff_t(last), part.begin());
+    return part;
+  };
+  tensor_from_host_f32(model_.backend(), m_.tensor, shard(m));
+  tensor_from_host_f32(model_.backend(), v_.tensor, shard(v));
 }
 
 }  // namespace pope

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <stdexcept>
+
+#include "core/gradient_buckets.hpp"
 
 namespace pope {
 
@@ -18,15 +21,18 @@ struct TrainStep::Slot {
 };
 
 TrainStep::TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph,
-                     Communicator* communicator)
+                     Communicator* communicator, std::int64_t bucket_bytes)
     : model_(model),
       optimizer_(optimizer),
       shape_(shape),
       use_graph_(use_graph),
-      communicator_(communicator != nullptr ? *communicator : single_process_) {
+      communicator_(communicator != nullptr ? *communicator : single_process_),
+      bucket_bytes_(bucket_bytes) {
   if (shape.micro_batches <= 0 || shape.batch <= 0 || shape.seq_len <= 0)
     throw std::invalid_argument(fmt::format("TrainStep: {} micro-batches of {} × {} tokens; expected all positive",
                                             shape.micro_batches, shape.batch, shape.seq_len));
+  if (bucket_bytes < 0)
+    throw std::invalid_argument(fmt::format("TrainStep: gradient buckets of {} bytes, expected >= 0", bucket_bytes));
   Backend& be = model.backend();
   const std::int64_t per_micro = std::int64_t(shape.batch) * shape.seq_len;
   tokens_ = allocate_tensor(be, {shape.micro_batches, per_micro}, DType::i32);
@@ -137,20 +143,49 @@ void TrainStep::run_step() {
   graph_->replay();
 }
 
+namespace {
+// Removes the model's gradients-ready callback when the step's backward passes are queued,
+// also when one of them throws.
+struct GradientsReadyScope {
+  Model& model;
+  ~GradientsReadyScope() { model.set_gradients_ready({}); }
+};
+}  // namespace
+
+// Every rank's gradient already carries the global batch's scale, so their sum is the
+// gradient of the global mean loss; the summed loss lets every rank's non-finite guard take
+// the same decision. The gradients are summed in fp32 whichever way they are split; the sum
+// is elementwise, so with two ranks (a + b = b + a) buckets give the single all-reduce's bits;
+// with more, NCCL's order of the summands may depend on an element's place in the buffer (a
+// last-bit difference), and every rank still receives the same sums.
 void TrainStep::queue_step() {
   Backend& be = model_.backend();
   be.fill(stats_.tensor, 0.0);  // the loss sum starts at 0; the other entries are overwritten
   model_.zero_gradients();
   const Tensor loss_sum = stats_.tensor.rows(kStatsLossSum, kStatsLossSum + 1);
   const Shape micro_batch{std::int64_t(shape_.batch) * shape_.seq_len};
-  for (int m = 0; m < shape_.micro_batches; ++m)
-    model_.forward_backward(tokens_.tensor.rows(m, m + 1).reshaped(micro_batch),
-                            targets_.tensor.rows(m, m + 1).reshaped(micro_batch), shape_.batch, shape_.seq_len,
-                            shape_.grad_scale, loss_sum);
-  // Every rank's gradient already carries the global batch's scale, so their sum is the
-  // gradient of the global mean loss; the summed loss lets every rank's non-finite guard
-  // take the same decision.
-  communicator_.all_reduce_sum(model_.gradients());
+  const bool overlap = communicator_.size() > 1 && !optimizer_.sharded() && bucket_bytes_ > 0;
+  std::optional<GradientBuckets> buckets;
+  if (overlap) buckets.emplace(communicator_, model_.gradients(), bucket_bytes_);
+  {
+    GradientsReadyScope scope{model_};
+    for (int m = 0; m < shape_.micro_batches; ++m) {
+      // Only the last micro-batch's backward makes gradients final.
+      if (overlap && m + 1 == shape_.micro_batches)
+        model_.set_gradients_ready([&](std::int64_t begin, std::int64_t end) { buckets->ready(begin, end); });
+      model_.forward_backward(tokens_.tensor.rows(m, m + 1).reshaped(micro_batch),
+                              targets_.tensor.rows(m, m + 1).reshaped(micro_batch), shape_.batch, shape_.seq_len,
+                              shape_.grad_scale, loss_sum);
+    }
+  }
+  if (optimizer_.sharded()) {
+    communicator_.reduce_scatter_sum(model_.padded_gradients());  // each rank needs its shard's sum only
+  } else if (overlap) {
+    buckets->flush();
+    communicator_.join();
+  } else {
+    communicator_.all_reduce_sum(model_.gradients());
+  }
   communicator_.all_reduce_sum(loss_sum);
   communicator_.all_reduce_sum(stop_votes_.tensor);
   optimizer_.step_on_device(schedule_.tensor, stats_.tensor);

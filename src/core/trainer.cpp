@@ -102,9 +102,10 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   }
 
   if (!backend_) backend_ = make_backend(config_.train.device, "float", config_.train.threads);
-  model_ = std::make_unique<Model>(config_.model, *backend_);
+  const bool shard_optimizer = config_.train.zero_stage == 1 && communicator_->size() > 1;
+  model_ = std::make_unique<Model>(config_.model, *backend_, shard_optimizer ? communicator_->size() : 1);
   model_->set_activation_recompute(config_.train.activation_recompute);
-  optimizer_ = std::make_unique<AdamW>(*model_, config_.optim);
+  optimizer_ = std::make_unique<AdamW>(*model_, config_.optim, shard_optimizer ? communicator_.get() : nullptr);
   state_.config_hash = config_hash(config_);
   state_.rng = Rng(config_.train.seed).state();
   if (resume_from) {
@@ -132,6 +133,15 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
     const int ranks = communicator_->size();
     logger->info("data parallel: {} ranks, global batch {} = micro-batch {} × accumulation {} × {} ranks", ranks,
                  config_.train.batch_size, config_.train.micro_batch_size, config_.grad_accumulation(ranks), ranks);
+    const double state_mib = double(optimizer_->state_bytes()) / double(1 << 20);
+    const std::string reduction =
+        optimizer_->sharded() ? std::string("one reduce-scatter after the backward")
+        : config_.train.ddp_bucket_mb > 0
+            ? fmt::format("all-reduce in buckets of {} MiB overlapped with the backward", config_.train.ddp_bucket_mb)
+            : std::string("one all-reduce after the backward");
+    logger->info("gradients: {}; optimizer state {:.1f} MiB per rank{}", reduction, state_mib,
+                 optimizer_->sharded() ? fmt::format(" (ZeRO-1: 1/{} of {:.1f} MiB)", ranks, state_mib * ranks)
+                                       : std::string(" (not sharded)"));
   }
 }
 
@@ -188,16 +198,20 @@ void Trainer::append_metrics(const nlohmann::json& record) {
   if (!out) throw std::runtime_error("cannot append to " + (run_dir_ / "metrics.jsonl").string());
 }
 
-// Rank 0 writes (every rank holds the same weights and moments); the others wait at the
-// barrier, so that no rank runs ahead of, or exits before, a complete checkpoint.
+// Rank 0 writes (every rank holds the same weights, and the same moments unless they are
+// sharded); the others wait at the barrier, so that no rank runs ahead of, or exits before, a
+// complete checkpoint. Sharded moments are gathered first, every rank taking part, so that
+// the checkpoint holds the whole state in the one format any number of ranks resumes from.
 void Trainer::save() {
   check_ranks_agree();
-  if (is_root()) {
-    CheckpointData data;
-    data.state = state_;
-    data.params = model_->parameters_to_host();
+  CheckpointData data;
+  if (is_root() || optimizer_->sharded()) {
     data.adam_m = optimizer_->first_moment_to_host();
     data.adam_v = optimizer_->second_moment_to_host();
+  }
+  if (is_root()) {
+    data.state = state_;
+    data.params = model_->parameters_to_host();
     last_checkpoint_ = save_checkpoint(run_dir_, model_->layout(), data, config_.train.keep_checkpoints);
     std::static_pointer_cast<spdlog::logger>(logger_)->info("checkpoint {}", last_checkpoint_.string());
   }
@@ -320,7 +334,7 @@ TrainingSummary Trainer::train_steps() {
   const double grad_scale = 1.0 / targets_per_step;  // gradient of the mean loss over the global batch
   std::vector<std::int32_t> inputs(std::size_t(accumulation) * B * T), targets(inputs.size());
   TrainStep train_step(*model_, *optimizer_, TrainStepShape{accumulation, B, T, grad_scale}, true,
-                       communicator_.get());
+                       communicator_.get(), std::int64_t(tc.ddp_bucket_mb * double(1 << 20)));
 
   TrainingSummary summary;
   const auto start = Clock::now();

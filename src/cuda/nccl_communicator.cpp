@@ -1,4 +1,5 @@
-// NCCL collectives on the CUDA backend's stream. The communicator is non-blocking (NCCL's
+// NCCL collectives on the CUDA backend's stream (the overlapped all-reduce on a side stream
+// that join() makes the backend's stream wait for). The communicator is non-blocking (NCCL's
 // `blocking = 0`): initialisation and every call return at once and their progress is
 // polled here together with ncclCommGetAsyncError and a deadline, so that a rank whose
 // peer died or hangs stops with an error naming itself after POPE_NCCL_TIMEOUT_S instead of
@@ -42,9 +43,15 @@ class NcclCommunicator final : public Communicator {
     POPE_CUDA_CHECK(cudaMalloc(&barrier_value_, sizeof(float)));
     POPE_CUDA_CHECK(cudaMemset(barrier_value_, 0, sizeof(float)));  // only its arrival matters, but keep it finite
     POPE_CUDA_CHECK(cudaEventCreateWithFlags(&barrier_done_, cudaEventDisableTiming));
+    POPE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+    POPE_CUDA_CHECK(cudaEventCreateWithFlags(&compute_reached_, cudaEventDisableTiming));
+    POPE_CUDA_CHECK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
   }
 
   ~NcclCommunicator() override {
+    cudaStreamDestroy(side_stream_);  // its pending work, if any, still completes
+    cudaEventDestroy(side_done_);
+    cudaEventDestroy(compute_reached_);
     cudaEventDestroy(barrier_done_);
     cudaFree(barrier_value_);
     if (comm_ == nullptr) return;
@@ -72,14 +79,38 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return world_.size; }
 
   void all_reduce_sum(Tensor data) override {
-    if (data.device != DeviceKind::cuda || (data.dtype != DType::f32 && data.dtype != DType::f64))
-      throw std::invalid_argument(fmt::format("all_reduce_sum: a {} {} tensor; expected f32 or f64 in CUDA memory",
-                                              data.device == DeviceKind::cuda ? "CUDA" : "host",
-                                              dtype_name(data.dtype)));
-    require_open("all_reduce_sum");
-    const ncclDataType_t type = data.dtype == DType::f32 ? ncclFloat32 : ncclFloat64;
+    const ncclDataType_t type = checked_type(data, "all_reduce_sum");
     settle(ncclAllReduce(data.data, data.data, std::size_t(data.numel()), type, ncclSum, comm_, stream_),
            "ncclAllReduce");
+  }
+
+  // The side stream waits for the backend's work so far (an event), so the gradients are
+  // final when the reduction reads them, while the backend's stream goes on.
+  void all_reduce_sum_async(Tensor data) override {
+    const ncclDataType_t type = checked_type(data, "all_reduce_sum_async");
+    POPE_CUDA_CHECK(cudaEventRecord(compute_reached_, stream_));
+    POPE_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, compute_reached_, 0));
+    settle(ncclAllReduce(data.data, data.data, std::size_t(data.numel()), type, ncclSum, comm_, side_stream_),
+           "ncclAllReduce (overlapped)");
+  }
+
+  void join() override {
+    POPE_CUDA_CHECK(cudaEventRecord(side_done_, side_stream_));
+    POPE_CUDA_CHECK(cudaStreamWaitEvent(stream_, side_done_, 0));
+  }
+
+  // In place: rank r's shard is also its receive buffer, as NCCL allows.
+  void reduce_scatter_sum(Tensor data) override {
+    const ncclDataType_t type = checked_type(data, "reduce_scatter_sum");
+    const std::size_t shard = shard_numel(data, "reduce_scatter_sum");
+    settle(ncclReduceScatter(data.data, shard_pointer(data, shard), shard, type, ncclSum, comm_, stream_),
+           "ncclReduceScatter");
+  }
+
+  void all_gather(Tensor data) override {
+    const ncclDataType_t type = checked_type(data, "all_gather");
+    const std::size_t shard = shard_numel(data, "all_gather");
+    settle(ncclAllGather(shard_pointer(data, shard), data.data, shard, type, comm_, stream_), "ncclAllGather");
   }
 
   void wait(Fence& fence) override {
@@ -107,6 +138,27 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // The NCCL type of an f32 or f64 CUDA tensor; checks that the communicator is open.
+  ncclDataType_t checked_type(const Tensor& data, const char* what) const {
+    if (data.device != DeviceKind::cuda || (data.dtype != DType::f32 && data.dtype != DType::f64))
+      throw std::invalid_argument(fmt::format("{}: a {} {} tensor; expected f32 or f64 in CUDA memory", what,
+                                              data.device == DeviceKind::cuda ? "CUDA" : "host",
+                                              dtype_name(data.dtype)));
+    require_open(what);
+    return data.dtype == DType::f32 ? ncclFloat32 : ncclFloat64;
+  }
+
+  std::size_t shard_numel(const Tensor& data, const char* what) const {
+    if (data.numel() % world_.size != 0)
+      throw std::invalid_argument(fmt::format("{}: {} elements do not split into {} equal shards", what, data.numel(),
+                                              world_.size));
+    return std::size_t(data.numel() / world_.size);
+  }
+
+  void* shard_pointer(const Tensor& data, std::size_t shard) const {
+    return static_cast<char*>(data.data) + std::size_t(world_.rank) * shard * dtype_size(data.dtype);
+  }
+
   void require_open(const char* what) const {
     if (comm_ == nullptr)
       throw CommunicatorError(fmt::format("rank {}: {} after the communicator was aborted", world_.rank, what));
@@ -170,7 +222,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   World world_;
-  cudaStream_t stream_;
+  cudaStream_t stream_;       // the backend's
+  cudaStream_t side_stream_ = nullptr;  // all_reduce_sum_async's, joined back into stream_
+  cudaEvent_t compute_reached_ = nullptr, side_done_ = nullptr;
   std::chrono::duration<double> timeout_;
   ncclComm_t comm_ = nullptr;
   float* barrier_value_ = nullptr;

@@ -196,6 +196,8 @@ TEST(Config, OutOfRangeValuesAreRejected) {
   expect_invalid([](RunConfig& c) { c.model.position.rope.scaling.factor = 0.5; },
                  "model.position.rope.scaling.factor", {">= 1"});
   expect_invalid([](RunConfig& c) { c.train.keep_checkpoints = 0; }, "train.keep_checkpoints", {">= 1"});
+  expect_invalid([](RunConfig& c) { c.train.zero_stage = 2; }, "train.zero_stage", {"found 2"});
+  expect_invalid([](RunConfig& c) { c.train.ddp_bucket_mb = -1; }, "train.ddp_bucket_mb", {">= 0"});
 }
 
 TEST(Config, CrossFieldRules) {
@@ -320,6 +322,8 @@ TEST(Config, BareNamesFallBackToTheExecutablesSourceTree) {
   EXPECT_TRUE(fs::equivalent(resolve_config_path("owt_124m"), shipped("owt_124m")));
 }
 
+// The way the ranks share a step (ZeRO-1, buckets) is bookkeeping too: checkpoints hold the
+// whole state, so a run resumes with either setting.
 TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
   const RunConfig base;
   const std::string hash = config_hash(base);
@@ -332,7 +336,8 @@ TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
       [](RunConfig& c) { c.train.keep_checkpoints = 9; }, [](RunConfig& c) { c.train.device = "cpu"; },
       [](RunConfig& c) { c.train.threads = 3; },          [](RunConfig& c) { c.train.steps = 5; },
       [](RunConfig& c) { c.out_dir = "elsewhere"; },      [](RunConfig& c) { c.train.eval_every = 1; },
-      [](RunConfig& c) { c.train.eval_batches = 2; }};
+      [](RunConfig& c) { c.train.eval_batches = 2; },    [](RunConfig& c) { c.train.zero_stage = 1; },
+      [](RunConfig& c) { c.train.ddp_bucket_mb = 0; }};
   RunConfig all_changed;
   for (const auto& change : bookkeeping) {
     RunConfig changed;

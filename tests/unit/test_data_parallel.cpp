@@ -130,6 +130,25 @@ TEST_F(DataParallelTest, ResumesOnAnotherNumberOfRanks) {
   expect_same_curve(train_losses(dir_ / "single"), train_losses(dir_ / "split"));
 }
 
+// ZeRO-1: the moments sharded over two ranks; the curve follows one rank's, the ranks keep
+// identical weights, and the checkpoint (moments gathered to rank 0) resumes on one rank
+// without sharding, continuing the same curve.
+TEST_F(DataParallelTest, ZeroOneFollowsOneRankAndItsCheckpointResumesUnsharded) {
+  train_on(1, "single");
+  config_.train.zero_stage = 1;
+  config_.train.checkpoint_every = 5;
+  const auto pair = train_on(2, "zero", "", 7);
+  EXPECT_EQ(pair[0], pair[1]) << "data-parallel ranks must hold bit-identical weights";
+  ASSERT_EQ(latest_checkpoint(dir_ / "zero")->filename(), "step_00000007");
+  std::ifstream log(dir_ / "zero" / "train.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("gradients: one reduce-scatter after the backward; optimizer state"), std::string::npos) << text;
+  EXPECT_NE(text.find("(ZeRO-1: 1/2 of"), std::string::npos) << text;
+  config_.train.zero_stage = 0;  // not part of the config hash: the resume is allowed
+  train_on(1, "zero", "auto");
+  expect_same_curve(train_losses(dir_ / "single"), train_losses(dir_ / "zero"));
+}
+
 TEST_F(DataParallelTest, AGlobalBatchTheRanksCannotSplitIsAConfigError) {
   config_.train.batch_size = 6;  // 3 micro-batches of 2: not divisible over 2 ranks
   try {

@@ -5,6 +5,7 @@
 
 #include <barrier>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "pope/communicator.hpp"
@@ -32,13 +33,38 @@ class ThreadCommunicator final : public Communicator {
     for (const Tensor& part : world_->contributions)
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += element(part, i);
     world_->sync.arrive_and_wait();  // every rank has read every tensor
-    for (std::size_t i = 0; i < sum.size(); ++i) {
-      if (data.dtype == DType::f32)
-        data.as<float>()[i] = float(sum[i]);
-      else
-        data.as<double>()[i] = sum[i];
-    }
+    for (std::size_t i = 0; i < sum.size(); ++i) set_element(data, i, sum[i]);
   }
+  // The CPU backend has finished all queued work when a call returns, so the sum can be
+  // taken at once.
+  void all_reduce_sum_async(Tensor data) override { all_reduce_sum(data); }
+  void join() override {}
+
+  void reduce_scatter_sum(Tensor data) override {
+    const std::int64_t shard = shard_numel(data);
+    world_->contributions[std::size_t(rank_)] = data;
+    world_->sync.arrive_and_wait();
+    std::vector<double> sum(std::size_t(shard), 0.0);
+    const std::size_t first = std::size_t(rank_ * shard);
+    for (const Tensor& part : world_->contributions)  // rank order, as all_reduce_sum
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += element(part, first + i);
+    world_->sync.arrive_and_wait();
+    for (std::size_t i = 0; i < sum.size(); ++i) set_element(data, first + i, sum[i]);
+  }
+
+  void all_gather(Tensor data) override {
+    const std::int64_t shard = shard_numel(data);
+    world_->contributions[std::size_t(rank_)] = data;
+    world_->sync.arrive_and_wait();
+    for (int r = 0; r < world_->size; ++r) {
+      if (r == rank_) continue;
+      const Tensor& part = world_->contributions[std::size_t(r)];
+      for (std::size_t i = std::size_t(r * shard); i < std::size_t((r + 1) * shard); ++i)
+        set_element(data, i, element(part, i));
+    }
+    world_->sync.arrive_and_wait();
+  }
+
   void wait(Fence& fence) override { fence.wait(); }
   void barrier() override { world_->sync.arrive_and_wait(); }
   // Leaves the world, so that the other threads' barriers stop waiting for this one.
@@ -50,6 +76,17 @@ class ThreadCommunicator final : public Communicator {
  private:
   static double element(const Tensor& t, std::size_t i) {
     return t.dtype == DType::f32 ? double(t.as<float>()[i]) : t.as<double>()[i];
+  }
+  static void set_element(Tensor& t, std::size_t i, double value) {
+    if (t.dtype == DType::f32)
+      t.as<float>()[i] = float(value);
+    else
+      t.as<double>()[i] = value;
+  }
+  std::int64_t shard_numel(const Tensor& data) const {
+    if (data.numel() % world_->size != 0)
+      throw std::invalid_argument("ThreadCommunicator: a sharded collective over a tensor not divisible by the ranks");
+    return data.numel() / world_->size;
   }
   std::shared_ptr<ThreadWorld> world_;
   int rank_;
