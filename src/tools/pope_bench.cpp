@@ -68,7 +68,8 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
       "forward). Needs a CUDA device.");
   attention->add_option("--encodings", cmd.options.encodings,
                         "encodings to time: any model.position.kind (nope, rope, pope, alibi, full, pj_rotary, "
-                        "rope_affine, …)")
+                        "rope_affine, …); the PJ-bias methods need --head-dim 64 or 128, pj_rotary a head dim "
+                        "that 2(K + 1) divides")
       ->delimiter(',')
       ->default_str("nope,rope,pope,alibi,full,pj_rotary");
   attention->add_option("--lengths", cmd.options.lengths, "sequence lengths T, each ≤ --tokens")

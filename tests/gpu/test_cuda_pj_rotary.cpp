@@ -84,6 +84,7 @@ Encoded run_on_gpu(const PjRotaryEncoding& rotary, const PositionContext& ctx, i
   pope::test::poison(*gpu, q_encoded.tensor);
   pope::test::poison(*gpu, k_encoded.tensor);
   pope::test::poison(*gpu, dqkv.tensor);
+  gpu->synchronize();  // the backend's stream does not order itself with the default stream the kernels run on
   const std::vector<double> omega = rotary.frequencies(d);
   const OwnedTensor frequencies = allocate_tensor(*gpu, {std::int64_t(omega.size())}, DType::f64);
   gpu->copy_from_host(frequencies.tensor, omega.data());
