@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Issue 5's attention benchmark in one call on the GPU machine: pope-bench attention (fused
-# kernels; nope, rope, pope, alibi at T = 1024, 4096, 10240, 16384, d = 64, H = 12, B = ⌊16384 / T⌋)
+# Issues 5 and 6's attention benchmark in one call on the GPU machine: pope-bench attention (fused
+# kernels; nope, rope, pope, alibi and PJ-RoPE's full and pj_rotary at T = 1024, 4096, 10240, 16384,
+# d = 64, H = 12, B = ⌊16384 / T⌋)
 # and, in the same run, cuDNN through PyTorch SDPA (scripts/reference/attention_sdpa_bench.py,
 # q/k 64 and 128 wide, v 64), then a side-by-side Markdown table of forward+backward ms last:
-# ours per encoding, cuDNN at our q/k width, and the ratios the targets are stated in.
+# ours per encoding, cuDNN at our q/k width, and the ratios the targets are stated in (pope vs
+# rope; alibi, full and pj_rotary vs nope — issue 6 asks full ≤ 1.10× nope).
 #
 # Usage: scripts/bench_attention.sh
 # Env:   OUT      logs and JSON numbers (default /tmp/pope_bench_attention)
@@ -36,7 +38,7 @@ print("\n| encoding | T | ours fwd / bwd / f+b ms | cuDNN (same q/k width) f+b m
 print("|---|---:|---|---:|---:|---:|")
 for r in ours:
     ref = cudnn.get((r["qk_width"], r["seq_len"]))
-    base = {"pope": "rope", "alibi": "nope"}.get(r["encoding"])
+    base = {"pope": "rope", "alibi": "nope", "full": "nope", "pj_rotary": "nope"}.get(r["encoding"])
     vs = by.get((base, r["seq_len"])) if base else None
     ratio = f"{r['forward_backward_ms'] / ref['forward_backward_ms']:.2f}" if ref else "-"
     own = f"{r['forward_backward_ms'] / vs['forward_backward_ms']:.2f} ({base})" if vs else "-"

@@ -19,17 +19,23 @@ struct AttentionDims {
   int qk_width = 0;  // width of q̃, k̃ (2d for PoPE, else d)
 };
 
-enum class QkTransformKind : int { identity, rope, pope };
+enum class QkTransformKind : int { identity, rope, pope, pj_rotary };
 enum class PopeMagnitudeKind : int { softplus, identity, relu };
 
-// The encoding's q/k transform (spec positional-encodings.md, sections 2 and 3).
+// Largest PJ-rotary jet order K (core/position_methods.hpp's kMaxPjOrder; the two must agree).
+constexpr int kPjRotaryMaxOrder = 15;
+
+// The encoding's q/k transform (spec positional-encodings.md, sections 2, 3 and 5.2).
 struct QkTransformParams {
   QkTransformKind kind = QkTransformKind::identity;
   int position_offset = 0;              // absolute position of row 0
   int rotary_pairs = 0;                 // rope: pairs (m, m + rotary_pairs) rotate, later channels pass
-  const double* frequencies = nullptr;  // rope: θ'_m [rotary_pairs]; pope: ω_c [head_dim]
+  const double* frequencies = nullptr;  // rope: θ'_m [rotary_pairs]; pope: ω_c [head_dim];
+                                        // pj_rotary: ω_m [head_dim / (2(K+1))]
   PopeMagnitudeKind magnitude = PopeMagnitudeKind::softplus;  // pope
   const float* delta = nullptr;                               // pope keys: δ [n_head, head_dim], or null without δ
+  int jet_order = 0;                    // pj_rotary: K, blocks of K+1 complex channels (≤ kPjRotaryMaxOrder)
+  double shear_rate = 0.0;              // pj_rotary: η / L_train, so that the shear is c_p = shear_rate · p
 };
 
 // a_ts = <q̃_t, k̃_s> · scale + bias[h·T + (t − s)] for s ≤ t.

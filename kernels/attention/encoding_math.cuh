@@ -1,6 +1,6 @@
 // The positional encodings' per-channel math on the device, in fp32 (spec
-// positional-encodings.md, sections 2 and 3; CPU reference in src/core/position_rope.cpp and
-// position_pope.cpp). Small __device__ functions so that the simple attention path
+// positional-encodings.md, sections 2, 3 and 5.2; CPU reference in src/core/position_rope.cpp,
+// position_pope.cpp and position_pj_rotary.cpp). Small __device__ functions so that the simple attention path
 // (qk_transform.cu) and a fused attention kernel evaluate exactly the same formulas.
 #pragma once
 
@@ -85,5 +85,33 @@ __device__ inline float pope_magnitude_grad(float grad_re, float grad_im, PhaseR
 __device__ inline float pope_phase_grad(float magnitude, float grad_re, float grad_im, PhaseRotation r) {
   return magnitude * (-grad_re * r.sin + grad_im * r.cos);
 }
+
+// PJ-rotary's shear at one position (spec 5.2): exp(c N) for queries, exp(−c Nᵀ) for keys,
+// N the (K+1)×(K+1) nilpotent upper shift. Both are Toeplitz in the jet powers
+// power[n] = (±c)^n / n!, so a block's transform is y = S z and its adjoint dz = Sᵀ w with
+//   query  S(out, in) = power[in − out]   for in ≥ out   (c^n/n!)
+//   key    S(out, in) = power[out − in]   for in ≤ out   ((−c)^n/n!)
+// and 0 elsewhere. kChannels bounds K + 1 at compile time, so that callers can keep the
+// powers (and their channels) in registers with loops unrolled to kChannels.
+template <int kChannels>
+struct PjShear {
+  float power[kChannels];
+  bool is_key;
+
+  __device__ PjShear(double c, int channels, bool key) : is_key(key) {
+    const float signed_c = static_cast<float>(key ? -c : c);
+    power[0] = 1.0f;
+#pragma unroll
+    for (int n = 1; n < kChannels; ++n) power[n] = n < channels ? power[n - 1] * signed_c / float(n) : 0.0f;
+  }
+
+  __device__ float at(int out, int in) const {
+    const int n = is_key ? out - in : in - out;
+    float value = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kChannels; ++k) value = k == n ? power[k] : value;  // a select per k: stays in registers
+    return value;
+  }
+};
 
 }  // namespace pope::kernels

@@ -2,6 +2,8 @@
 // consecutive channels) with the group fastest, so reads of qkv and writes of the encoded
 // rows are coalesced 16-byte vectors where the sizes allow (kGroup = 8), single elements
 // otherwise. Angles come from double frequency tables (see rotation_by in encoding_math.cuh).
+// PJ-rotary mixes all 2(K+1) channels of a block, so its kernels take one block per thread
+// (the same site arithmetic with the block as the group) instead of a fixed group.
 #include <cstdint>
 #include <type_traits>
 
@@ -31,11 +33,11 @@ struct GroupSite {
   double position;       // absolute position of t
 };
 
-template <int kGroup>
-__device__ GroupSite site_of(std::int64_t index, const AttentionDims& dims, int offset, bool is_key) {
+// Thread `index` of a launch with `group` channels per thread (group divides head_dim).
+__device__ GroupSite site_of(std::int64_t index, const AttentionDims& dims, int offset, bool is_key, int group) {
   GroupSite site;
-  const int d = dims.head_dim, H = dims.n_head, T = dims.seq_len, groups = d / kGroup;
-  site.c0 = int(index % groups) * kGroup;
+  const int d = dims.head_dim, H = dims.n_head, T = dims.seq_len, groups = d / group;
+  site.c0 = int(index % groups) * group;
   const std::int64_t head_row = index / groups;
   site.h = int(head_row % H);
   const std::int64_t n = head_row / H;  // row b·T + t of qkv
@@ -79,6 +81,90 @@ __host__ __device__ std::int64_t group_count(const AttentionDims& dims, int grou
   return std::int64_t(dims.batch) * dims.seq_len * dims.n_head * (dims.head_dim / group);
 }
 
+// ---------------------------------------------------------------- PJ-rotary (spec 5.2)
+
+// Channels per PJ-rotary block: K + 1 complex channels (x_{2r}, x_{2r+1}).
+__host__ __device__ int pj_block_width(const QkTransformParams& transform) { return 2 * (transform.jet_order + 1); }
+
+// Thread = one block m of one (row, head): y = R(ω_m p) · S(c_p) z with S the query's or the
+// key's shear (PjShear), c_p = shear_rate · p, all in f32 from the bf16 inputs; p and the
+// angle in double (rotation_by's exact range reduction). kChannels ≥ K + 1 bounds the
+// register arrays; channels past K + 1 stay zero and are never stored.
+template <int kChannels>
+__global__ void encode_pj_rotary_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
+                                        __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded) {
+  const bool is_key = blockIdx.y == 1;
+  __nv_bfloat16* encoded = is_key ? k_encoded : q_encoded;
+  const int channels = transform.jet_order + 1, width = pj_block_width(transform);
+  const std::int64_t total = group_count(dims, width);
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const GroupSite site = site_of(i, dims, transform.position_offset, is_key, width);
+    const __nv_bfloat16* x = qkv + site.qkv + site.c0;
+    __nv_bfloat16* y = encoded + site.encoded + site.c0;
+    const PjShear<kChannels> shear(transform.shear_rate * site.position, channels, is_key);
+    const PhaseRotation turn = rotation_by(site.position * transform.frequencies[site.c0 / width]);
+    float re[kChannels] = {}, im[kChannels] = {};
+#pragma unroll
+    for (int r = 0; r < kChannels; ++r)
+      if (r < channels) {
+        re[r] = __bfloat162float(x[2 * r]);
+        im[r] = __bfloat162float(x[2 * r + 1]);
+      }
+#pragma unroll
+    for (int out = 0; out < kChannels; ++out) {
+      if (out >= channels) break;
+      float a = 0.0f, b = 0.0f;
+#pragma unroll
+      for (int in = 0; in < kChannels; ++in) {
+        const float w = shear.at(out, in);
+        a += w * re[in];
+        b += w * im[in];
+      }
+      float ya, yb;
+      rotate_pair(a, b, turn, ya, yb);
+      y[2 * out] = __float2bfloat16(ya);
+      y[2 * out + 1] = __float2bfloat16(yb);
+    }
+  }
+}
+
+// Backward of encode_pj_rotary_kernel by the adjoint maps: w = R(−ω_m p) dy, then dz = Sᵀ w.
+template <int kChannels>
+__global__ void encode_pj_rotary_backward_kernel(AttentionDims dims, QkTransformParams transform,
+                                                 const float* dq_encoded, const float* dk_encoded,
+                                                 __nv_bfloat16* dqkv) {
+  const bool is_key = blockIdx.y == 1;
+  const float* dencoded = is_key ? dk_encoded : dq_encoded;
+  const int channels = transform.jet_order + 1, width = pj_block_width(transform);
+  const std::int64_t total = group_count(dims, width);
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const GroupSite site = site_of(i, dims, transform.position_offset, is_key, width);
+    const float* dy = dencoded + site.encoded + site.c0;
+    __nv_bfloat16* dx = dqkv + site.qkv + site.c0;
+    const PjShear<kChannels> shear(transform.shear_rate * site.position, channels, is_key);
+    const PhaseRotation turn = rotation_by(site.position * transform.frequencies[site.c0 / width]);
+    float w_re[kChannels] = {}, w_im[kChannels] = {};
+#pragma unroll
+    for (int r = 0; r < kChannels; ++r)
+      if (r < channels) unrotate_pair(dy[2 * r], dy[2 * r + 1], turn, w_re[r], w_im[r]);
+#pragma unroll
+    for (int in = 0; in < kChannels; ++in) {
+      if (in >= channels) break;
+      float a = 0.0f, b = 0.0f;
+#pragma unroll
+      for (int out = 0; out < kChannels; ++out) {
+        const float s = shear.at(out, in);
+        a += s * w_re[out];
+        b += s * w_im[out];
+      }
+      dx[2 * in] = __float2bfloat16(a);
+      dx[2 * in + 1] = __float2bfloat16(b);
+    }
+  }
+}
+
 // blockIdx.y selects queries (0) or keys (1). RoPE with kGroup > 1 needs rotary_pairs % kGroup == 0,
 // so that a group lies wholly among the first channels of pairs, the second ones, or the rest.
 template <int kGroup>
@@ -90,7 +176,7 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
   const std::int64_t total = group_count(dims, kGroup);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of<kGroup>(i, dims, transform.position_offset, is_key);
+    const GroupSite site = site_of(i, dims, transform.position_offset, is_key, kGroup);
     const __nv_bfloat16* x = qkv + site.qkv;
     __nv_bfloat16* y = encoded + site.encoded;
     const int c0 = site.c0;
@@ -144,7 +230,7 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
   const std::int64_t total = group_count(dims, kGroup);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of<kGroup>(i, dims, transform.position_offset, is_key);
+    const GroupSite site = site_of(i, dims, transform.position_offset, is_key, kGroup);
     const float* dy = dencoded + site.encoded;
     __nv_bfloat16* dx = dqkv + site.qkv;
     const int c0 = site.c0;
@@ -274,11 +360,51 @@ cudaError_t with_group(const AttentionDims& dims, const QkTransformParams& trans
   return launch(std::integral_constant<int, 1>{});
 }
 
+// Calls launch(std::integral_constant<int, N>{}) with the smallest register bound N ≥ K + 1 of
+// 2, 4 and kPjRotaryMaxOrder + 1 (K = 0, 1 are the common orders; larger K take a slower kernel),
+// or returns cudaErrorInvalidValue for an order outside [0, kPjRotaryMaxOrder] or a head_dim the
+// block width does not divide.
+template <class Launch>
+cudaError_t with_pj_channels(const AttentionDims& dims, const QkTransformParams& transform, Launch&& launch) {
+  const int channels = transform.jet_order + 1;
+  if (transform.jet_order < 0 || transform.jet_order > kPjRotaryMaxOrder || transform.frequencies == nullptr ||
+      dims.head_dim % pj_block_width(transform) != 0 || dims.qk_width != dims.head_dim)
+    return cudaErrorInvalidValue;
+  if (channels <= 2) return launch(std::integral_constant<int, 2>{});
+  if (channels <= 4) return launch(std::integral_constant<int, 4>{});
+  return launch(std::integral_constant<int, kPjRotaryMaxOrder + 1>{});
+}
+
+cudaError_t encode_pj_rotary(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                             __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream) {
+  return with_pj_channels(dims, transform, [&](auto bound) {
+    constexpr int kChannels = decltype(bound)::value;
+    const std::int64_t blocks = group_count(dims, pj_block_width(transform));
+    encode_pj_rotary_kernel<kChannels>
+        <<<dim3(grid_for(blocks), 2), kThreads, 0, stream>>>(dims, transform, qkv, q_encoded, k_encoded);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t encode_pj_rotary_backward(const AttentionDims& dims, const QkTransformParams& transform,
+                                      const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
+                                      cudaStream_t stream) {
+  return with_pj_channels(dims, transform, [&](auto bound) {
+    constexpr int kChannels = decltype(bound)::value;
+    const std::int64_t blocks = group_count(dims, pj_block_width(transform));
+    encode_pj_rotary_backward_kernel<kChannels>
+        <<<dim3(grid_for(blocks), 2), kThreads, 0, stream>>>(dims, transform, dq_encoded, dk_encoded, dqkv);
+    return cudaGetLastError();
+  });
+}
+
 }  // namespace
 
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                       __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream) {
   if (group_count(dims, 1) == 0) return cudaSuccess;
+  if (transform.kind == QkTransformKind::pj_rotary)
+    return encode_pj_rotary(dims, transform, qkv, q_encoded, k_encoded, stream);
   return with_group(dims, transform, qkv, q_encoded, k_encoded, 16, [&](auto group) {
     constexpr int kGroup = decltype(group)::value;
     encode_qk_kernel<kGroup><<<dim3(grid_for(group_count(dims, kGroup)), 2), kThreads, 0, stream>>>(
@@ -291,6 +417,8 @@ cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParam
                                const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
                                cudaStream_t stream) {
   if (group_count(dims, 1) == 0) return cudaSuccess;
+  if (transform.kind == QkTransformKind::pj_rotary)
+    return encode_pj_rotary_backward(dims, transform, dq_encoded, dk_encoded, dqkv, stream);
   if (!aligned_to(dqkv, 16)) {  // the bf16 outputs must take 16-byte stores too
     encode_qk_backward_kernel<1><<<dim3(grid_for(group_count(dims, 1)), 2), kThreads, 0, stream>>>(
         dims, transform, qkv, dq_encoded, dk_encoded, dqkv);

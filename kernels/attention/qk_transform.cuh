@@ -13,7 +13,10 @@
 namespace pope::kernels {
 
 // q̃, k̃ of every (batch, head, position); one thread per 8 input channels (16-byte vectors)
-// where head_dim, q/k width and RoPE's rotary pairs are multiples of 8, else per channel.
+// where head_dim, q/k width and RoPE's rotary pairs are multiples of 8, else per channel;
+// PJ-rotary one thread per block of 2(K+1) channels. Returns cudaErrorInvalidValue for a
+// PJ-rotary plan whose order is outside [0, kPjRotaryMaxOrder], whose block width does not
+// divide head_dim, or without frequencies.
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                       __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream);
 

@@ -14,6 +14,7 @@
 #include "pope/backend.hpp"
 #include "pope/config.hpp"
 #include "pope/position.hpp"
+#include "position_methods.hpp"
 #ifdef POPE_HAVE_CUDA
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,10 +29,11 @@ namespace pope {
 namespace {
 
 void check_options(const AttentionBenchOptions& options) {
-  const std::vector<std::string> known{"nope", "rope", "pope", "alibi"};
   for (const std::string& e : options.encodings)
-    if (std::find(known.begin(), known.end(), e) == known.end())
-      throw ConfigError("--encodings", fmt::format("unknown encoding '{}', expected nope, rope, pope or alibi", e));
+    if (find_position_method(e) == nullptr)
+      throw ConfigError("--encodings", fmt::format("unknown encoding '{}', expected one of the model.position.kind "
+                                                   "names: {}",
+                                                   e, position_method_names()));
   if (options.encodings.empty()) throw ConfigError("--encodings", "expected at least one encoding");
   if (options.lengths.empty()) throw ConfigError("--lengths", "expected at least one sequence length");
   for (int T : options.lengths)
@@ -137,7 +139,9 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
   for (const ParamSpec& spec : encoding->layer_parameters(H, d)) {
     const std::size_t numel = std::size_t(shape_numel(spec.shape));
     std::vector<float> values(numel);
-    std::uniform_real_distribution<float> uniform(-6.0f, 0.0f);  // PoPE's δ range [−2π, 0]
+    // PoPE's δ range [−2π, 0]; the PJ-bias's parameters may take any finite values for timing
+    // (its table is evaluated in fp64 whatever they are).
+    std::uniform_real_distribution<float> uniform(-6.0f, 0.0f);
     for (float& v : values) v = uniform(engine);
     storage.push_back(std::make_unique<DeviceArray>(numel * sizeof(float)));
     params.push_back(storage.back()->tensor(DType::f32, {std::int64_t(numel)}));
@@ -210,11 +214,11 @@ std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptio
 }
 
 std::string format_attention_bench(const std::vector<AttentionBenchRow>& rows) {
-  std::string text = fmt::format("{:<8} {:>6} {:>3} {:>4} {:>4} {:>4} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7}\n",
+  std::string text = fmt::format("{:<16} {:>6} {:>3} {:>4} {:>4} {:>4} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7}\n",
                                  "encoding", "T", "B", "H", "d", "W", "fwd ms", "bwd ms", "f+b ms", "fwd TF", "bwd TF",
                                  "f+b TF");
   for (const AttentionBenchRow& r : rows)
-    text += fmt::format("{:<8} {:>6} {:>3} {:>4} {:>4} {:>4} | {:>9.3f} {:>9.3f} {:>9.3f} | {:>7.1f} {:>7.1f} {:>7.1f}\n",
+    text += fmt::format("{:<16} {:>6} {:>3} {:>4} {:>4} {:>4} | {:>9.3f} {:>9.3f} {:>9.3f} | {:>7.1f} {:>7.1f} {:>7.1f}\n",
                         r.encoding, r.seq_len, r.batch, r.n_head, r.head_dim, r.qk_width, r.forward_ms, r.backward_ms,
                         r.total_ms, r.forward_tflops(), r.backward_tflops(), r.total_tflops());
   text +=

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pj_bias_math.hpp"
@@ -165,6 +166,9 @@ class PjRotaryEncoding final : public PositionEncodingImpl<PjRotaryEncoding> {
   int blocks(int head_dim) const;
   // ω_m, m = 0..M−1.
   std::vector<double> frequencies(int head_dim) const;
+  // η / L_train, so that the shear at position p is c_p = shear_rate · p; throws
+  // std::invalid_argument (naming `op`) when the context has no train_length.
+  double shear_rate(const PositionContext& ctx, std::string_view op) const;
 
   template <class Real>
   void transform(const QkTransformArgs<Real>& args) const;

@@ -6,7 +6,9 @@
 // transposed shear.
 #include <array>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "position_checks.hpp"
 #include "position_encodings.hpp"
@@ -66,6 +68,11 @@ std::vector<double> PjRotaryEncoding::frequencies(int head_dim) const {
   return geometric_frequencies(config_.rotary_base, M, 1.0 / M);
 }
 
+double PjRotaryEncoding::shear_rate(const PositionContext& ctx, std::string_view op) const {
+  if (ctx.train_length <= 0) throw std::invalid_argument(std::string(op) + ": context has no train_length");
+  return config_.rotary_eta / ctx.train_length;
+}
+
 template <class Real>
 void PjRotaryEncoding::transform(const QkTransformArgs<Real>& a) const {
   check_transform_args("pj_rotary transform", a, 0);
@@ -73,12 +80,12 @@ void PjRotaryEncoding::transform(const QkTransformArgs<Real>& a) const {
   const int d = ctx.head_dim;
   const int channels = config_.rotary_order + 1;
   const std::vector<double> omega = frequencies(d);
-  if (ctx.train_length <= 0) throw std::invalid_argument("pj_rotary transform: context has no train_length");
+  const double rate = shear_rate(ctx, "pj_rotary transform");
   for (int row = 0; row < ctx.seq_len; ++row) {
     const Real* x = a.x + row * a.x_stride;
     Real* y = a.y + static_cast<std::int64_t>(row) * d;
     const double p = absolute_position(ctx, row);
-    const Shear shear = shear_at(config_.rotary_eta * p / ctx.train_length, config_.rotary_order);
+    const Shear shear = shear_at(rate * p, config_.rotary_order);
     for (std::size_t m = 0; m < omega.size(); ++m) {
       const Rotation turn = rotation_by(p * omega[m]);
       const Real* z = x + m * 2 * channels;
@@ -103,13 +110,13 @@ void PjRotaryEncoding::transform_backward(const QkTransformBackwardArgs<Real>& a
   const int d = ctx.head_dim;
   const int channels = config_.rotary_order + 1;
   const std::vector<double> omega = frequencies(d);
-  if (ctx.train_length <= 0) throw std::invalid_argument("pj_rotary transform backward: context has no train_length");
+  const double rate = shear_rate(ctx, "pj_rotary transform backward");
   std::array<double, 2 * (kMaxPjOrder + 1)> unrotated{};
   for (int row = 0; row < ctx.seq_len; ++row) {
     const Real* dy = a.dy + static_cast<std::int64_t>(row) * d;
     Real* dx = a.dx + row * a.dx_stride;
     const double p = absolute_position(ctx, row);
-    const Shear shear = shear_at(config_.rotary_eta * p / ctx.train_length, config_.rotary_order);
+    const Shear shear = shear_at(rate * p, config_.rotary_order);
     for (std::size_t m = 0; m < omega.size(); ++m) {
       const Rotation turn = rotation_by(p * omega[m]);
       const Real* w = dy + m * 2 * channels;

@@ -38,6 +38,8 @@
 
 namespace pope::cuda {
 
+static_assert(kernels::kPjRotaryMaxOrder == kMaxPjOrder, "the CUDA PJ-rotary order bound must match the CPU's");
+
 namespace {
 
 using kernels::AttentionDims;
@@ -174,9 +176,17 @@ struct AttentionRunner::Scratch {
       plan.delta = params.empty() ? nullptr : params.front();  // no δ parameter: the "no δ" ablation
       return plan;
     }
+    if (const auto* pj = dynamic_cast<const PjRotaryEncoding*>(&encoding)) {
+      // Absolute positions, transformed in f32 and stored bf16 (docs/design.md, "PJ-rotary on the GPU").
+      plan.kind = QkTransformKind::pj_rotary;
+      plan.jet_order = pj->order();
+      plan.frequencies = frequencies.upload(pj->frequencies(ctx.head_dim), stream);
+      plan.shear_rate = pj->shear_rate(ctx, op);
+      return plan;
+    }
     throw std::runtime_error(
-        fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi "
-                    "and the PJ-RoPE methods without pj_rotary)",
+        fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi, "
+                    "pj_rotary and the PJ-RoPE methods)",
                     op, encoding.kind()));
   }
 

@@ -66,9 +66,12 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
       "encoding and sequence length T at batch B = ⌊--tokens / T⌋ (median over --repeats calls, CUDA events, after --warmup "
       "calls) and print ms and TFLOP/s (causal FLOPs: forward 2·B·H·(T²/2)·(qk_width + head_dim), backward 2.5× "
       "forward). Needs a CUDA device.");
-  attention->add_option("--encodings", cmd.options.encodings, "encodings to time: nope rope pope alibi")
+  attention->add_option("--encodings", cmd.options.encodings,
+                        "encodings to time: any model.position.kind (nope, rope, pope, alibi, full, pj_rotary, "
+                        "rope_affine, …); the PJ-bias methods need --head-dim 64 or 128, pj_rotary a head dim "
+                        "that 2(K + 1) divides")
       ->delimiter(',')
-      ->default_str("nope,rope,pope,alibi");
+      ->default_str("nope,rope,pope,alibi,full,pj_rotary");
   attention->add_option("--lengths", cmd.options.lengths, "sequence lengths T, each ≤ --tokens")
       ->delimiter(',')
       ->default_str("1024,4096,10240,16384");

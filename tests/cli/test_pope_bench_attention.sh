@@ -13,6 +13,10 @@ for opt in --encodings --lengths --tokens --heads --head-dim --warmup --repeats 
 
 expect_exit 2 "$BENCH" attention --encodings rope,mystery
 expect_output "mystery"
+# Every model.position.kind is accepted (full, pj_rotary, …); the error lists them.
+expect_exit 2 "$BENCH" attention --encodings full,pj_rotary,rope_affine,mystery
+expect_output "'mystery'"
+expect_output "lc_affine"
 expect_exit 2 "$BENCH" attention --lengths 1024,40000
 expect_output "--lengths"
 expect_exit 2 "$BENCH" attention --repeats 0

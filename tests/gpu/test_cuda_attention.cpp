@@ -1,7 +1,8 @@
 // CUDA causal attention (src/cuda/cuda_attention.cpp, kernels/attention/) against the CPU
 // float reference for every encoding: forward out and lse, backward dqkv and the encoding's
 // parameter gradients, on random bf16 inputs (the CPU gets the same values upcast). Outputs
-// are poisoned with NaN before each run so that an unwritten element fails. Sizes include
+// are poisoned with NaN before each run so that an unwritten element fails. PJ-rotary runs
+// here at K = 0..3 (its transform alone is checked in test_cuda_pj_rotary.cpp). Sizes include
 // T = 1 and T on both sides of the fused kernels' 64-row tiles (63, 64, 65) and not a multiple
 // of any tile. Head dims 64 and 128 take the fused tensor-core kernels (flash_attention.cuh),
 // other widths the simple kernels; the fused kernels are also checked on their own against a
@@ -339,7 +340,15 @@ std::vector<EncodingCase> encoding_cases() {
       {"pope_no_delta", maker<PopeEncoding>(pope_with("softplus", false))},
       {"alibi", maker<AlibiEncoding>(AlibiConfig{})},
       {"alibi_half_heads", maker<AlibiEncoding>(half_heads)},
+      // K = 1 (default); within L_train the shear c_p ≤ 1, so q̃, k̃ keep bf16's relative precision.
+      {"pj_rotary", maker<PjRotaryEncoding>(PjConfig{})},
   };
+}
+
+PjConfig pj_rotary_of_order(int order) {
+  PjConfig config;
+  config.rotary_order = order;
+  return config;
 }
 
 class CudaAttention : public ::testing::Test {
@@ -385,11 +394,29 @@ TEST_F(CudaAttention, WideHeadsMatchCpu) {
   }
 }
 
+// PJ-rotary of higher jet orders: K = 3 (blocks of 8) at d = 64 and 128 on the fused kernels,
+// K = 2 (blocks of 6) at d = 96 on the simple kernels; K = 0 is RoPE with adjacent pairs.
+TEST_F(CudaAttention, PjRotaryOrdersMatchCpu) {
+  for (const auto& [order, head_dim, seq_len] :
+       std::vector<std::tuple<int, int, int>>{{0, 64, 65}, {2, 96, 50}, {3, 64, 129}, {3, 128, 100}}) {
+    SCOPED_TRACE("pj_rotary K = " + std::to_string(order) + " head_dim " + std::to_string(head_dim));
+    const EncodingCase c{"pj_rotary", maker<PjRotaryEncoding>(pj_rotary_of_order(order))};
+    const Problem problem = make_problem(c, 2, seq_len, 3, head_dim, 31u + unsigned(order));
+    cuda::AttentionRunner runner;
+    const Result gpu = run_on_gpu(runner, problem);
+    expect_matches_cpu(problem, gpu, run_on_cpu(problem, gpu));
+  }
+}
+
 // Evaluation windows start past position 0: phases p·ω reach thousands of radians.
 TEST_F(CudaAttention, PositionOffsetMatchesCpu) {
-  for (EncodingCase c : {encoding_cases()[1], encoding_cases()[4]}) {
+  for (EncodingCase c : {encoding_cases()[1], encoding_cases()[4], encoding_cases()[10]}) {
     SCOPED_TRACE(c.name);
     c.position_offset = 9000;
+    // PJ-rotary shears with the absolute position: L_train = 9000 keeps c_p ≈ 1 at the window,
+    // as in a model evaluated at its training length (tests/gpu/test_cuda_pj_rotary.cpp covers
+    // large shears on the transform alone).
+    if (c.name == "pj_rotary") c.train_length = 9000;
     const Problem problem = make_problem(c, 2, 37, 3, 64, 7u);
     cuda::AttentionRunner runner;
     const Result gpu = run_on_gpu(runner, problem);

@@ -166,6 +166,7 @@ INSTANTIATE_TEST_SUITE_P(Encodings, CudaModel, ::testing::Values("nope", "rope",
                          [](const auto& info) { return info.param; });
 
 // PJ-RoPE methods: the bias table built on the device, its parameters' gradients from the
-// fused kernel's diagonal sums Ĝ (every sector in `full`; RoPE + the affine sector).
-INSTANTIATE_TEST_SUITE_P(PjRopeMethods, CudaModel, ::testing::Values("full", "rope_affine", "fj_lc"),
+// fused kernel's diagonal sums Ĝ (every sector in `full`; RoPE + the affine sector), and the
+// PJ-rotary q/k transform (K = 1, c_p ≤ 97/128).
+INSTANTIATE_TEST_SUITE_P(PjRopeMethods, CudaModel, ::testing::Values("full", "rope_affine", "fj_lc", "pj_rotary"),
                          [](const auto& info) { return info.param; });

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 
 #include "core/position_encodings.hpp"
 #include "position_test_support.hpp"
@@ -150,4 +151,12 @@ TEST(PjRotary, RejectsBadOptions) {
   expect_key(rotary_config(1, 10000.0, -1.0), 64, "model.position.pj.rotary_eta");
   EXPECT_EQ(PjRotaryEncoding(rotary_config(1)).blocks(64), 16);
   EXPECT_TRUE(PjRotaryEncoding(rotary_config(1)).layer_parameters(4, 64).empty());
+}
+
+// The shear rate the CUDA plan takes: c_p = (η / L_train)·p, and a context without L_train is
+// named as such instead of dividing by zero.
+TEST(PjRotary, ShearRateIsEtaOverTrainLength) {
+  const PjRotaryEncoding rotary(rotary_config(1, 10000.0, 0.5));
+  EXPECT_DOUBLE_EQ(rotary.shear_rate(make_context(4, 8, 1, 0, 16), "test"), 0.5 / 16);
+  EXPECT_THROW(rotary.shear_rate(make_context(4, 8, 1, 0, 0), "test"), std::invalid_argument);
 }
