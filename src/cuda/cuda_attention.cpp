@@ -68,6 +68,8 @@ class DeviceTable {
     return device;
   }
 
+  std::size_t bytes() const { return scratch_.bytes(); }
+
  private:
   std::vector<T> host_;
   const T* uploaded_to_ = nullptr;
@@ -234,6 +236,15 @@ struct AttentionRunner::Scratch {
 
 AttentionRunner::AttentionRunner() : scratch_(std::make_unique<Scratch>()) {}
 AttentionRunner::~AttentionRunner() = default;
+
+std::size_t AttentionRunner::scratch_bytes() const {
+  const Scratch& s = *scratch_;
+  std::size_t total = s.frequencies.bytes() + s.bias.bytes();
+  for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
+                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad})
+    total += block->bytes();
+  return total;
+}
 
 void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream) {
   constexpr std::string_view op = "attention_forward";

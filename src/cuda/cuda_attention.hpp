@@ -29,6 +29,8 @@ class AttentionRunner {
   // of the call's score-bias table b_h(Δ), Ĝ_h(Δ) = Σ_b Σ_{t−s=Δ} dS_ts, for an encoding whose
   // bias comes from learnable parameters (PJ-bias: its device-built table). Fused path only.
   void backward(const AttentionBackward& args, cudaStream_t stream, float* bias_table_grad = nullptr);
+  // Device memory this runner holds now (its scratch and tables), for memory accounting.
+  std::size_t scratch_bytes() const;
 
  private:
   struct Scratch;
