@@ -13,6 +13,7 @@
 #include "cuda_op_test_support.hpp"
 #include "pope/rng.hpp"
 #include "pope/train_step.hpp"
+#include "unit/model_shape.hpp"
 
 using namespace pope;
 using pope::test::download;
@@ -34,14 +35,7 @@ class CudaGraphStep : public ::testing::Test {
 };
 
 ModelConfig small_model() {
-  ModelConfig c;
-  c.vocab_size = 500;
-  c.padded_vocab_size = 512;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 256;
-  c.context_length = 128;
-  c.position.kind = "pope";
+  ModelConfig c = pope::testing::model_config(pope::testing::kGpuTestShape, "pope");
   c.position.pope.delta_init = "uniform";
   return c;
 }

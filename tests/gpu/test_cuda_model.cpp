@@ -10,6 +10,7 @@
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
 #include "pope/rng.hpp"
+#include "unit/model_shape.hpp"
 
 using namespace pope;
 
@@ -23,14 +24,7 @@ class CudaModel : public ::testing::TestWithParam<std::string> {
 };
 
 ModelConfig small_model(const std::string& kind) {
-  ModelConfig c;
-  c.vocab_size = 500;
-  c.padded_vocab_size = 512;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 256;  // head_dim 64, as in every paper model
-  c.context_length = 128;
-  c.position.kind = kind;
+  ModelConfig c = pope::testing::model_config(pope::testing::kGpuTestShape, kind);
   c.position.pope.delta_init = "uniform";
   return c;
 }

@@ -20,6 +20,7 @@
 #include "cuda/nccl_communicator.hpp"
 #include "pope/rng.hpp"
 #include "pope/train_step.hpp"
+#include "unit/model_shape.hpp"
 
 namespace {
 
@@ -27,15 +28,9 @@ using namespace pope;
 using Seconds = std::chrono::duration<double>;
 
 ModelConfig small_model() {
-  ModelConfig c;
-  c.vocab_size = 500;
-  c.padded_vocab_size = 512;
-  c.n_layer = 4;
-  c.n_head = 4;
-  c.n_embd = 256;
-  c.context_length = 128;
-  c.position.kind = "pope";
-  return c;
+  pope::testing::ModelShape shape = pope::testing::kGpuTestShape;
+  shape.n_layer = 4;
+  return pope::testing::model_config(shape, "pope");
 }
 
 struct Setting {

@@ -15,22 +15,13 @@
 #include "pope/rng.hpp"
 #include "pope/train_step.hpp"
 #include "thread_communicator.hpp"
+#include "model_shape.hpp"
 
 using namespace pope;
 
 namespace {
 
-ModelConfig tiny_model() {
-  ModelConfig c;
-  c.vocab_size = 64;
-  c.padded_vocab_size = 64;
-  c.n_layer = 3;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.context_length = 16;
-  c.position.kind = "pope";
-  return c;
-}
+ModelConfig tiny_model() { return pope::testing::model_config({.n_layer = 3}, "pope"); }
 
 using Range = std::pair<std::int64_t, std::int64_t>;
 

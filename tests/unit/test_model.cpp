@@ -10,6 +10,7 @@
 #include "pope/backend.hpp"
 #include "pope/model.hpp"
 #include "pope/rng.hpp"
+#include "model_shape.hpp"
 
 using namespace pope;
 
@@ -25,14 +26,7 @@ ModelConfig paper_model(int n_embd, int n_head, int n_layer, const std::string& 
 }
 
 ModelConfig tiny_model(const std::string& kind) {
-  ModelConfig c;
-  c.vocab_size = 29;
-  c.padded_vocab_size = 32;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.context_length = 8;
-  c.position.kind = kind;
+  ModelConfig c = pope::testing::model_config(pope::testing::kTinyShape, kind);
   c.position.pope.delta_init = "uniform";  // non-zero δ so its gradient is exercised in general position
   c.init_std = 0.3;                        // larger weights: gradients well above rounding noise
   return c;

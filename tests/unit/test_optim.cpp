@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "pope/optim.hpp"
+#include "model_shape.hpp"
 
 using namespace pope;
 
@@ -31,15 +32,9 @@ TEST(LearningRate, WarmupThenCosineLinearOrConstant) {
 
 namespace {
 ModelConfig small_model() {
-  ModelConfig c;
-  c.vocab_size = 16;
-  c.padded_vocab_size = 16;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.context_length = 8;
-  c.position.kind = "rope";
-  return c;
+  return pope::testing::model_config({.vocab_size = 16, .padded_vocab_size = 16, .n_layer = 1, .n_embd = 8,
+                                .context_length = 8},
+                               "rope");
 }
 }  // namespace
 

@@ -14,21 +14,17 @@
 #include "pope/pj_diagnostics.hpp"
 #include "pope/rng.hpp"
 #include "scratch_dir.hpp"
+#include "model_shape.hpp"
 
 using namespace pope;
 
 namespace {
 
 ModelConfig tiny_model(const std::string& kind) {
-  ModelConfig c;
-  c.vocab_size = 29;
-  c.padded_vocab_size = 32;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.context_length = 16;
+  pope::testing::ModelShape shape = pope::testing::kTinyShape;
+  shape.context_length = 16;
+  ModelConfig c = pope::testing::model_config(shape, kind);
   c.init_std = 0.3;
-  c.position.kind = kind;
   c.position.pj.order = 2;
   return c;
 }

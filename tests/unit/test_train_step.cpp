@@ -8,20 +8,14 @@
 
 #include "pope/rng.hpp"
 #include "pope/train_step.hpp"
+#include "model_shape.hpp"
 
 using namespace pope;
 
 namespace {
 
 ModelConfig tiny_model() {
-  ModelConfig c;
-  c.vocab_size = 29;
-  c.padded_vocab_size = 32;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.context_length = 8;
-  c.position.kind = "pope";
+  ModelConfig c = pope::testing::model_config(pope::testing::kTinyShape, "pope");
   c.position.pope.delta_init = "uniform";  // δ takes part in the update too
   return c;
 }

@@ -15,24 +15,15 @@
 #include "pope/rng.hpp"
 #include "pope/train_step.hpp"
 #include "thread_communicator.hpp"
+#include "model_shape.hpp"
 
 using namespace pope;
 
 namespace {
 
-ModelConfig tiny_model() {
-  ModelConfig c;
-  // Every tensor's size is a multiple of n_embd: 25 makes an arena that does not split evenly
-  // over 3 ranks, so that the padding is exercised (PoPE takes odd head widths).
-  c.vocab_size = 64;
-  c.padded_vocab_size = 64;
-  c.n_layer = 2;
-  c.n_head = 5;
-  c.n_embd = 25;
-  c.context_length = 16;
-  c.position.kind = "pope";
-  return c;
-}
+// Every tensor's size is a multiple of n_embd: 25 makes an arena that does not split evenly
+// over 3 ranks, so that the padding is exercised (PoPE takes odd head widths).
+ModelConfig tiny_model() { return pope::testing::model_config({.n_head = 5, .n_embd = 25}, "pope"); }
 
 OptimConfig optim_config() {
   OptimConfig c;

@@ -13,6 +13,8 @@
 #include "pope/config.hpp"
 #include "pope/data.hpp"
 
+#include "model_shape.hpp"
+
 namespace pope::testing {
 
 // Tokens that mostly follow t → (5t + 3) mod vocab, with 10% noise: a model can learn it.
@@ -33,13 +35,7 @@ inline RunConfig tiny_run_config(const std::filesystem::path& dir) {
   write_llmc_shard(dir / "train.bin", patterned_tokens(20000, 64, 1));
   write_llmc_shard(dir / "val.bin", patterned_tokens(4000, 64, 2));
   RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.padded_vocab_size = 64;
-  c.model.n_layer = 2;
-  c.model.n_head = 2;
-  c.model.n_embd = 32;
-  c.model.context_length = 32;
-  c.model.position.kind = "pope";
+  c.model = model_config({.n_embd = 32, .context_length = 32}, "pope");
   c.data.train = (dir / "train.bin").string();
   c.data.val = (dir / "val.bin").string();
   c.optim.lr = 3e-3;
