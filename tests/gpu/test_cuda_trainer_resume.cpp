@@ -11,25 +11,14 @@ using namespace pope;
 
 namespace {
 
-class CudaTrainerResume : public ::testing::Test {
+class CudaTrainerResume : public pope::testing::TrainerRunTest {
  protected:
   void SetUp() override {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
-    Trainer::request_stop(0);
-    dir_ = pope::testing::fresh_dir("cuda_resume");
-    config_ = pope::testing::tiny_run_config(dir_ / "data");
+    TrainerRunTest::SetUp();
     config_.model.n_embd = 128;  // 2 heads of 64: the fused attention path
     config_.train.device = "cuda";
   }
-  void TearDown() override {
-    Trainer::request_stop(0);
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-  TrainerOptions options(const std::string& run, const std::string& resume = "", long stop_at = 0) {
-    return TrainerOptions{dir_ / run, resume, true, stop_at, {}};
-  }
-  std::filesystem::path dir_;
-  RunConfig config_;
 };
 
 }  // namespace

@@ -57,20 +57,11 @@ void run_ranks(int ranks, const std::function<void(int, std::unique_ptr<Communic
     if (e) std::rethrow_exception(e);
 }
 
-class DataParallelTest : public ::testing::Test {
+class DataParallelTest : public pope::testing::TrainerRunTest {
  protected:
   void SetUp() override {
-    Trainer::request_stop(0);
-    dir_ = pope::testing::fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    config_ = pope::testing::tiny_run_config(dir_ / "data");
+    TrainerRunTest::SetUp();
     config_.train.micro_batch_size = 2;  // global batch 8: accumulation 4 on one rank, 2 on two
-  }
-  void TearDown() override {
-    Trainer::request_stop(0);
-    std::filesystem::remove_all(dir_);
-  }
-  TrainerOptions options(const std::string& run, const std::string& resume = "", long stop_at = 0) {
-    return TrainerOptions{dir_ / run, resume, true, stop_at};
   }
   // Trains `run` on `ranks` threads; returns each rank's final weights.
   std::vector<std::vector<float>> train_on(int ranks, const std::string& run, const std::string& resume = "",
@@ -84,8 +75,6 @@ class DataParallelTest : public ::testing::Test {
     });
     return params;
   }
-  std::filesystem::path dir_;
-  RunConfig config_;
 };
 
 double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {

@@ -342,7 +342,7 @@ TEST(IndirectIndexing, TrainerLossIsTheMeanOverTargetTokens) {
       targets(inputs.size());
   LossSum expected;
   {
-    Trainer trainer(config, TrainerOptions{dir / "run", "", true, 0});
+    Trainer trainer(config, TrainerOptions{dir / "run", "", true, 0, {}});
     IndirectIndexingTask(config.data.indirect_indexing)
         .fill_training(config.train.seed, 0, config.train.batch_size, config.train.seq_len, inputs.data(),
                        targets.data());
@@ -371,7 +371,7 @@ TEST(IndirectIndexing, TinyModelLearnsTheReducedTask) {
   const auto start = std::chrono::steady_clock::now();
   double accuracy = 0.0;
   {
-    Trainer trainer(config, TrainerOptions{dir / "run", "", true, 0});
+    Trainer trainer(config, TrainerOptions{dir / "run", "", true, 0, {}});
     const TrainingSummary summary = trainer.train();
     ASSERT_TRUE(summary.last_val_accuracy.has_value());
     accuracy = *summary.last_val_accuracy;

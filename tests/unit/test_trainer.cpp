@@ -10,29 +10,11 @@
 #include "trainer_fixture.hpp"
 
 using namespace pope;
-using pope::testing::fresh_dir;
-using pope::testing::tiny_run_config;
 using pope::testing::train_losses;
 
 namespace {
 
-class TrainerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    Trainer::request_stop(0);
-    dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    config_ = tiny_run_config(dir_ / "data");
-  }
-  void TearDown() override {
-    Trainer::request_stop(0);
-    std::filesystem::remove_all(dir_);
-  }
-  TrainerOptions options(const std::string& run, const std::string& resume = "", long stop_at = 0) {
-    return TrainerOptions{dir_ / run, resume, true, stop_at, {}};
-  }
-  std::filesystem::path dir_;
-  RunConfig config_;
-};
+using TrainerTest = pope::testing::TrainerRunTest;
 
 }  // namespace
 

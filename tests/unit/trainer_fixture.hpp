@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "pope/config.hpp"
 #include "pope/data.hpp"
+#include "pope/train.hpp"
 
 #include "model_shape.hpp"
 
@@ -70,5 +72,25 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   std::filesystem::remove_all(dir);
   return dir;
 }
+
+// A run directory per test (named after it) holding tiny_run_config's data; clears stop
+// requests before and after, removes the directory after.
+class TrainerRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Trainer::request_stop(0);
+    dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = tiny_run_config(dir_ / "data");
+  }
+  void TearDown() override {
+    Trainer::request_stop(0);
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  TrainerOptions options(const std::string& run, const std::string& resume = "", long stop_at = 0) const {
+    return TrainerOptions{dir_ / run, resume, true, stop_at, {}};
+  }
+  std::filesystem::path dir_;
+  RunConfig config_;
+};
 
 }  // namespace pope::testing
