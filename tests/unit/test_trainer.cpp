@@ -30,24 +30,7 @@ TEST_F(TrainerTest, ValidationLossFalls) {
   EXPECT_TRUE(std::filesystem::exists(dir_ / "run" / "config.json"));
 }
 
-TEST_F(TrainerTest, ResumeReproducesTheUninterruptedRunExactly) {
-  std::vector<float> straight_params;
-  {
-    Trainer straight(config_, options("straight"));
-    straight.train();
-    straight_params = straight.model().parameters_to_host();
-  }
-  {
-    Trainer first(config_, options("split", "", 5));
-    EXPECT_EQ(first.train().reason, StopReason::stop_at_step);
-    EXPECT_EQ(first.step(), 5);
-  }
-  Trainer second(config_, options("split", "auto"));
-  EXPECT_EQ(second.step(), 5);
-  EXPECT_EQ(second.train().reason, StopReason::finished);
-  EXPECT_EQ(train_losses(dir_ / "straight"), train_losses(dir_ / "split"));
-  EXPECT_EQ(second.model().parameters_to_host(), straight_params);
-}
+TEST_F(TrainerTest, ResumeReproducesTheUninterruptedRunExactly) { expect_resume_equals_uninterrupted(5); }
 
 TEST_F(TrainerTest, StopRequestCheckpointsAndReportsTheSignal) {
   Trainer trainer(config_, options("run"));

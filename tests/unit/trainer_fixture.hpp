@@ -89,6 +89,29 @@ class TrainerRunTest : public ::testing::Test {
   TrainerOptions options(const std::string& run, const std::string& resume = "", long stop_at = 0) const {
     return TrainerOptions{dir_ / run, resume, true, stop_at, {}};
   }
+  // A run stopped at `stop_at` and resumed with --resume auto equals the uninterrupted run:
+  // the same per-step losses and bitwise the same final weights.
+  void expect_resume_equals_uninterrupted(long stop_at) const {
+    std::vector<float> straight_params;
+    {
+      Trainer straight(config_, options("straight"));
+      straight.train();
+      straight_params = straight.model().parameters_to_host();
+    }
+    {
+      Trainer first(config_, options("split", "", stop_at));
+      EXPECT_EQ(first.train().reason, StopReason::stop_at_step);
+      EXPECT_EQ(first.step(), stop_at);
+    }
+    Trainer second(config_, options("split", "auto"));
+    EXPECT_EQ(second.step(), stop_at);
+    EXPECT_EQ(second.train().reason, StopReason::finished);
+    const auto straight_losses = train_losses(dir_ / "straight");
+    EXPECT_EQ(long(straight_losses.size()), config_.train.steps);
+    EXPECT_EQ(train_losses(dir_ / "split"), straight_losses);
+    EXPECT_EQ(second.model().parameters_to_host(), straight_params);
+  }
+
   std::filesystem::path dir_;
   RunConfig config_;
 };
