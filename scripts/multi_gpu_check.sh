@@ -7,11 +7,15 @@
 #   2. faults: one rank killed (mpirun and environment launch) must end the job with an error
 #      within a bounded time; SIGTERM to mpirun must checkpoint;
 #      ZeRO-1 (train.zero_stage=1) against the same 1-GPU run, and its checkpoint resumed on 1 GPU;
-#   3. scaling: tokens/s of 124M and 774M, RoPE and PoPE, on 1 and 2 GPUs at the same global batch,
-#      and 124M on 2 GPUs with the reduction not overlapped (one all-reduce) and with ZeRO-1.
-# Prints a table last. Logs go to $OUT (or /tmp/pope_multi_gpu). Usage: scripts/multi_gpu_check.sh [scaling steps]
+#   3. scaling: tokens/s of 124M and 774M, RoPE and PoPE, on 1 GPU and on 2 GPUs with ZeRO-1 at the
+#      same global batch; then 774M RoPE on 2 GPUs with the other gradient reductions (the
+#      overlapped all-reduce without ZeRO-1, ZeRO-1's reduce-scatter after the backward).
+# Prints a table last. Logs go to $OUT (or /tmp/pope_multi_gpu).
+# Usage: scripts/multi_gpu_check.sh [--scaling-only] [scaling steps (default 20)]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+SCALING_ONLY=0
+if [ "${1:-}" = "--scaling-only" ]; then SCALING_ONLY=1; shift; fi
 STEPS="${1:-20}"
 LOGS="${OUT:-/tmp/pope_multi_gpu}"
 RUNS=/tmp/pope_multi_gpu_runs
@@ -37,13 +41,14 @@ grep "pope:" "$LOGS/configure.log"
 if ! cmake --build build/gpu -j "$(nproc)" --target pope-train pope_gpu_tests >"$LOGS/build.log" 2>&1; then
   grep -E "error|FAILED" "$LOGS/build.log" | head -40; exit 1
 fi
+[ -f data/demo/train.bin ] || { echo "multi_gpu_check: data/demo/train.bin is missing (scripts/fetch_data.sh)"; exit 1; }
+if [ "$SCALING_ONLY" = 0 ]; then
 build/gpu/tests/pope_gpu_tests --gtest_filter='NcclCommunicator*' >"$LOGS/nccl_tests.log" 2>&1
 row "NCCL communicator GPU tests" "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/nccl_tests.log" | tr '\n' ' ')"
 # Overlapped buckets == one all-reduce (bitwise); ZeRO-1 == unsharded (bitwise without clipping).
 build/gpu/tests/pope_gpu_tests --gtest_filter='NcclDataParallelStep*' >"$LOGS/nccl_step_tests.log" 2>&1
 row "overlap and ZeRO-1 GPU tests" "$(verdict $?) $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' \
   "$LOGS/nccl_step_tests.log" | tr '\n' ' ')"
-[ -f data/demo/train.bin ] || { echo "multi_gpu_check: data/demo/train.bin is missing (scripts/fetch_data.sh)"; exit 1; }
 
 # Small model, 30 steps, global batch 16 = 4 × accumulation 4 (1 rank) or 4 × 2 × 2 ranks.
 SMALL=(--config configs/small_cpu.json --device cuda --set train.steps=30 --set train.batch_size=16
@@ -140,40 +145,45 @@ kill -TERM "$launcher"
 wait_bounded "$launcher" 120; rc=$RC
 row "SIGTERM to mpirun" "exit $rc, checkpoint: $(ls "$RUNS/sigterm_mpi/checkpoints" 2>/dev/null | tail -1 || echo none)"
 
+fi  # not --scaling-only
+
 # ---- 3. scaling ------------------------------------------------------------------------
 tokens_per_second() {  # run dir: the last logged window's tokens/s
   python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; \
 t=[x for x in r if x['event']=='train']; print(f\"{t[-1]['tokens_per_second']:.0f}\")" "$1/metrics.jsonl" 2>/dev/null \
     || echo 0
 }
+ratio() { python3 -c "print(f'{$1 / max($2, 1):.2f}')"; }
+scale_args() {  # size kind: 1 micro-batch per GPU on 2 GPUs, 2 accumulated on 1
+  local micro=32; [ "$1" = 774m ] && micro=16
+  ARGS=(--config configs/owt_$1.json --device cuda --set data.train=data/demo/train.bin
+        --set data.val=data/demo/val.bin --set model.position.kind=$2 --set train.steps="$STEPS"
+        --set train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=0
+        --set train.micro_batch_size=$micro --set train.batch_size=$((2 * micro)))
+}
 for size in 124m 774m; do
-  micro=32; [ $size = 774m ] && micro=16
   for kind in rope pope; do
-    ARGS=(--config configs/owt_$size.json --device cuda --set data.train=data/demo/train.bin
-          --set data.val=data/demo/val.bin --set model.position.kind=$kind --set train.steps="$STEPS"
-          --set train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=0
-          --set train.micro_batch_size=$micro --set train.batch_size=$((2 * micro)))
+    scale_args $size $kind
     $TRAIN "${ARGS[@]}" --out "$RUNS/scale_one_${size}_$kind" >"$LOGS/scale_one_${size}_$kind.log" 2>&1
-    "${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --out "$RUNS/scale_two_${size}_$kind" >"$LOGS/scale_two_${size}_$kind.log" 2>&1
+    "${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --out "$RUNS/scale_two_${size}_$kind" \
+      >"$LOGS/scale_two_${size}_$kind.log" 2>&1
     one=$(tokens_per_second "$RUNS/scale_one_${size}_$kind")
     two=$(tokens_per_second "$RUNS/scale_two_${size}_$kind")
-    row "scaling $size $kind, global batch $((2 * micro)) × 1024" \
-      "1 GPU $one tok/s, 2 GPUs $two tok/s, ×$(python3 -c "print(f'{$two / max($one, 1):.2f}')")"
+    row "scaling $size $kind, global batch ${ARGS[-1]#*=} × 1024" \
+      "1 GPU $one tok/s, 2 GPUs ZeRO-1 $two tok/s, ×$(ratio "$two" "$one")"
   done
 done
 
-# The gradient reduction overlapped with the backward (default 25 MiB buckets, as above)
-# against one all-reduce after it, and ZeRO-1, on 2 GPUs: 124M RoPE.
-ARGS=(--config configs/owt_124m.json --device cuda --set data.train=data/demo/train.bin
-      --set data.val=data/demo/val.bin --set model.position.kind=rope --set train.steps="$STEPS"
-      --set train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=0
-      --set train.micro_batch_size=32 --set train.batch_size=64)
-for variant in "train.ddp_bucket_mb=0" "train.zero_stage=1"; do
+# 774M RoPE on 2 GPUs with the other reductions, against the 1-GPU run above.
+scale_args 774m rope
+one=$(tokens_per_second "$RUNS/scale_one_774m_rope")
+for variant in "train.zero_stage=0" "train.ddp_bucket_mb=0"; do
   name=${variant//[^a-z0-9]/_}
-  "${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set "$variant" --out "$RUNS/scale_two_124m_$name" \
-    >"$LOGS/scale_two_124m_$name.log" 2>&1
-  row "scaling 124m rope, 2 GPUs, $variant vs overlapped buckets" \
-    "$(tokens_per_second "$RUNS/scale_two_124m_$name") tok/s vs $(tokens_per_second "$RUNS/scale_two_124m_rope") tok/s"
+  "${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --set "$variant" --out "$RUNS/scale_two_774m_$name" \
+    >"$LOGS/scale_two_774m_$name.log" 2>&1
+  two=$(tokens_per_second "$RUNS/scale_two_774m_$name")
+  row "scaling 774m rope, 2 GPUs, $(grep -m1 -oE "gradients: [^;]*" "$LOGS/scale_two_774m_$name.log")" \
+    "$two tok/s, ×$(ratio "$two" "$one")"
 done
 
 echo

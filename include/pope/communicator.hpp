@@ -35,7 +35,11 @@ class Communicator {
   // the backward pass) meanwhile. `data` must not be written until join(). Backends that run
   // in order (the CPU) may reduce at once.
   virtual void all_reduce_sum_async(Tensor data) = 0;
-  // Work queued on the backend after this call waits for every all_reduce_sum_async before it.
+  // The same sum delivered to rank `root` only (ZeRO-1's overlapped reduction: only the
+  // owner of a shard reads its sum), queued like all_reduce_sum_async; the other ranks'
+  // data is left as it was. Every rank must make the call with the same root and size.
+  virtual void reduce_sum_async(Tensor data, int root) = 0;
+  // Work queued on the backend after this call waits for every *_async reduction before it.
   virtual void join() = 0;
   // ZeRO-1's pair, in place over data of numel divisible by size(), in equal shards (rank r's
   // shard is elements [r·n/size, (r+1)·n/size)): reduce_scatter_sum leaves in this rank's
@@ -62,6 +66,7 @@ class SingleProcessCommunicator final : public Communicator {
   int size() const override { return 1; }
   void all_reduce_sum(Tensor) override {}
   void all_reduce_sum_async(Tensor) override {}
+  void reduce_sum_async(Tensor, int) override {}
   void join() override {}
   void reduce_scatter_sum(Tensor) override {}
   void all_gather(Tensor) override {}

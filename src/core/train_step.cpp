@@ -155,7 +155,8 @@ struct GradientsReadyScope {
 // Every rank's gradient already carries the global batch's scale, so their sum is the
 // gradient of the global mean loss; the summed loss lets every rank's non-finite guard take
 // the same decision. The gradients are summed in fp32 whichever way they are split; the sum
-// is elementwise, so with two ranks (a + b = b + a) buckets give the single all-reduce's bits;
+// is elementwise, so with two ranks (a + b = b + a) buckets give the single all-reduce's bits
+// (with ZeRO-1, the reduce-scatter's);
 // with more, NCCL's order of the summands may depend on an element's place in the buffer (a
 // last-bit difference), and every rank still receives the same sums.
 void TrainStep::queue_step() {
@@ -164,9 +165,11 @@ void TrainStep::queue_step() {
   model_.zero_gradients();
   const Tensor loss_sum = stats_.tensor.rows(kStatsLossSum, kStatsLossSum + 1);
   const Shape micro_batch{std::int64_t(shape_.batch) * shape_.seq_len};
-  const bool overlap = communicator_.size() > 1 && !optimizer_.sharded() && bucket_bytes_ > 0;
+  const bool overlap = communicator_.size() > 1 && bucket_bytes_ > 0;
   std::optional<GradientBuckets> buckets;
-  if (overlap) buckets.emplace(communicator_, model_.gradients(), bucket_bytes_);
+  if (overlap)
+    buckets.emplace(communicator_, model_.gradients(), bucket_bytes_,
+                    optimizer_.sharded() ? model_.padded_gradients().numel() / communicator_.size() : 0);
   {
     GradientsReadyScope scope{model_};
     for (int m = 0; m < shape_.micro_batches; ++m) {
@@ -178,11 +181,11 @@ void TrainStep::queue_step() {
                               shape_.grad_scale, loss_sum);
     }
   }
-  if (optimizer_.sharded()) {
-    communicator_.reduce_scatter_sum(model_.padded_gradients());  // each rank needs its shard's sum only
-  } else if (overlap) {
+  if (overlap) {
     buckets->flush();
     communicator_.join();
+  } else if (optimizer_.sharded()) {
+    communicator_.reduce_scatter_sum(model_.padded_gradients());  // each rank needs its shard's sum only
   } else {
     communicator_.all_reduce_sum(model_.gradients());
   }

@@ -134,13 +134,14 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
     logger->info("data parallel: {} ranks, global batch {} = micro-batch {} × accumulation {} × {} ranks", ranks,
                  config_.train.batch_size, config_.train.micro_batch_size, config_.grad_accumulation(ranks), ranks);
     const double state_mib = double(optimizer_->state_bytes()) / double(1 << 20);
+    const bool sharded = optimizer_->sharded();
     const std::string reduction =
-        optimizer_->sharded() ? std::string("one reduce-scatter after the backward")
-        : config_.train.ddp_bucket_mb > 0
-            ? fmt::format("all-reduce in buckets of {} MiB overlapped with the backward", config_.train.ddp_bucket_mb)
-            : std::string("one all-reduce after the backward");
+        config_.train.ddp_bucket_mb > 0
+            ? fmt::format("{} in buckets of {} MiB overlapped with the backward",
+                          sharded ? "reduced to their shard's rank" : "all-reduce", config_.train.ddp_bucket_mb)
+            : std::string(sharded ? "one reduce-scatter after the backward" : "one all-reduce after the backward");
     logger->info("gradients: {}; optimizer state {:.1f} MiB per rank{}", reduction, state_mib,
-                 optimizer_->sharded() ? fmt::format(" (ZeRO-1: 1/{} of {:.1f} MiB)", ranks, state_mib * ranks)
+                 sharded ? fmt::format(" (ZeRO-1: 1/{} of {:.1f} MiB)", ranks, state_mib * ranks)
                                        : std::string(" (not sharded)"));
   }
 }

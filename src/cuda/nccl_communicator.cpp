@@ -1,4 +1,4 @@
-// NCCL collectives on the CUDA backend's stream (the overlapped all-reduce on a side stream
+// NCCL collectives on the CUDA backend's stream (the overlapped reductions on a side stream
 // that join() makes the backend's stream wait for). The communicator is non-blocking (NCCL's
 // `blocking = 0`): initialisation and every call return at once and their progress is
 // polled here together with ncclCommGetAsyncError and a deadline, so that a rank whose
@@ -84,14 +84,23 @@ class NcclCommunicator final : public Communicator {
            "ncclAllReduce");
   }
 
-  // The side stream waits for the backend's work so far (an event), so the gradients are
-  // final when the reduction reads them, while the backend's stream goes on.
+  // On the side stream, so that the backend's stream goes on meanwhile.
   void all_reduce_sum_async(Tensor data) override {
     const ncclDataType_t type = checked_type(data, "all_reduce_sum_async");
-    POPE_CUDA_CHECK(cudaEventRecord(compute_reached_, stream_));
-    POPE_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, compute_reached_, 0));
+    side_stream_after_compute();
     settle(ncclAllReduce(data.data, data.data, std::size_t(data.numel()), type, ncclSum, comm_, side_stream_),
            "ncclAllReduce (overlapped)");
+  }
+
+  // In place: NCCL reads the root's buffer as its contribution and writes the sum there; the
+  // other ranks' buffers are only read.
+  void reduce_sum_async(Tensor data, int root) override {
+    const ncclDataType_t type = checked_type(data, "reduce_sum_async");
+    if (root < 0 || root >= world_.size)
+      throw std::invalid_argument(fmt::format("reduce_sum_async: root rank {} of {} ranks", root, world_.size));
+    side_stream_after_compute();
+    settle(ncclReduce(data.data, data.data, std::size_t(data.numel()), type, ncclSum, root, comm_, side_stream_),
+           "ncclReduce (overlapped)");
   }
 
   void join() override {
@@ -138,6 +147,13 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // The side stream waits for the backend's work so far, so that a reduction started on it
+  // reads final gradients.
+  void side_stream_after_compute() {
+    POPE_CUDA_CHECK(cudaEventRecord(compute_reached_, stream_));
+    POPE_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, compute_reached_, 0));
+  }
+
   // The NCCL type of an f32 or f64 CUDA tensor; checks that the communicator is open.
   ncclDataType_t checked_type(const Tensor& data, const char* what) const {
     if (data.device != DeviceKind::cuda || (data.dtype != DType::f32 && data.dtype != DType::f64))

@@ -1,8 +1,9 @@
 // Data-parallel training steps over NCCL on two GPUs (two ranks as threads of this process):
 // the all-reduce overlapped with the backward in buckets gives the single all-reduce's
-// weights bit for bit, and ZeRO-1 (reduce-scatter, sharded AdamW, all-gather) gives the
-// unsharded step's weights: bit for bit without clipping (the same fp32 sums and updates),
-// within fp32 rounding with clipping (the norm is summed by shards). Reports SKIPPED
+// weights bit for bit (with ZeRO-1, the reduce-scatter's), and ZeRO-1 (reduce-scatter,
+// sharded AdamW, all-gather) gives the unsharded step's weights: bit for bit without
+// clipping (the same fp32 sums and updates), within fp32 rounding with clipping (the norm is
+// summed by shards). Reports SKIPPED
 // (visibly) without two GPUs.
 #ifdef POPE_HAVE_NCCL
 #include <gtest/gtest.h>
@@ -100,6 +101,14 @@ TEST_F(NcclDataParallelStep, OverlappedBucketsEqualTheSingleAllReduceBitwise) {
   // neighbours ≥ 256 KiB), and the default 25 MiB (the final norm and layers merged).
   EXPECT_EQ(train({256 << 10, false, 1.0})[0], single[0]);
   EXPECT_EQ(train({std::int64_t(25) << 20, false, 1.0})[0], single[0]);
+}
+
+// With ZeRO-1 the buckets go to their shard's owner (ncclReduce) instead of one reduce-scatter
+// after the backward: the same two summands per element, so the same bits, clipping included.
+TEST_F(NcclDataParallelStep, ZeroOneBucketsEqualTheReduceScatterBitwise) {
+  const auto scattered = train({0, true, 1.0});
+  EXPECT_EQ(train({256 << 10, true, 1.0})[0], scattered[0]);
+  EXPECT_EQ(train({std::int64_t(25) << 20, true, 1.0})[0], scattered[0]);
 }
 
 TEST_F(NcclDataParallelStep, ZeroOneEqualsTheUnshardedStepBitwiseWithoutClipping) {

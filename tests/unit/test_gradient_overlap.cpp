@@ -1,7 +1,8 @@
 // The gradient reduction overlapped with the backward pass: the model reports every
 // gradient range once, final, in backward order, and TrainStep turns the last micro-batch's
-// reports into bucketed all-reduces (a recording communicator shows the calls); two thread
-// ranks reach bitwise the weights of the single all-reduce after the backward.
+// reports into bucketed all-reduces, or with ZeRO-1 into reductions to each shard's owner (a
+// recording communicator shows the calls); thread ranks reach bitwise the weights of the
+// single all-reduce (or reduce-scatter) after the backward.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -34,6 +35,10 @@ class RecordingCommunicator final : public Communicator {
   int size() const override { return 2; }
   void all_reduce_sum(Tensor data) override { record(data, whole); }
   void all_reduce_sum_async(Tensor data) override { record(data, overlapped); }
+  void reduce_sum_async(Tensor data, int root) override {
+    record(data, overlapped);
+    roots.push_back(root);
+  }
   void join() override { ++joins; }
   void reduce_scatter_sum(Tensor data) override { record(data, whole); }
   void all_gather(Tensor data) override { record(data, whole); }
@@ -42,6 +47,7 @@ class RecordingCommunicator final : public Communicator {
   void abort() noexcept override {}
 
   std::vector<Range> overlapped, whole;  // ranges of the gradient arena
+  std::vector<int> roots;                 // of the reduce_sum_async calls, in order
   int joins = 0;
 
  private:
@@ -159,6 +165,38 @@ TEST(GradientOverlap, OnlyTheLastMicroBatchStartsReductionsInBucketsOfTheConfigu
   }
 }
 
+// ZeRO-1 over a pretend world of two: each bucket's sums go to the rank owning its elements,
+// a bucket across the shard edge is split there, and no reduce-scatter follows.
+TEST(GradientOverlap, WithZeroOneEachBucketIsReducedToTheOwnersOfItsShards) {
+  auto backend = make_backend("cpu", "float", 1);
+  const ModelConfig config = tiny_model();
+  Model model(config, *backend, 2);
+  model.initialize(3);
+  const std::int64_t numel = model.gradients().numel();
+  const std::int64_t shard = model.padded_gradients().numel() / 2;
+  const int B = 2, T = 8;
+  const auto tokens = random_tokens(std::size_t(B) * T, 1), targets = random_tokens(tokens.size(), 2);
+  RecordingCommunicator communicator(model.gradients());
+  AdamW adamw(model, OptimConfig{}, &communicator);
+  ASSERT_TRUE(adamw.sharded());
+  TrainStep step(model, adamw, TrainStepShape{1, B, T, 1.0 / (B * T)}, true, &communicator, 1);
+  step.enqueue(tokens, targets, 1, 1e-3);
+  step.result(1);
+
+  expect_backward_cover(communicator.overlapped, numel);
+  ASSERT_EQ(communicator.roots.size(), communicator.overlapped.size());
+  bool split_at_edge = false;
+  for (std::size_t i = 0; i < communicator.overlapped.size(); ++i) {
+    const auto [begin, end] = communicator.overlapped[i];
+    EXPECT_EQ(communicator.roots[i], int(begin / shard)) << "range [" << begin << ", " << end << ")";
+    EXPECT_EQ(begin / shard, (end - 1) / shard) << "range [" << begin << ", " << end << ") crosses the shard edge";
+    split_at_edge = split_at_edge || begin == shard;
+  }
+  EXPECT_TRUE(split_at_edge) << "the shard edge lies inside a layer, so one range must start there";
+  EXPECT_EQ(communicator.joins, 1);
+  EXPECT_TRUE(communicator.whole.empty()) << "no reduce-scatter after the buckets";
+}
+
 TEST(GradientOverlap, BucketsRefuseRangesOutOfBackwardOrderAndAnIncompleteCover) {
   pope::testing::ThreadCommunicator communicator(std::make_shared<pope::testing::ThreadWorld>(1), 0);
   std::vector<float> grads(100);
@@ -172,40 +210,52 @@ TEST(GradientOverlap, BucketsRefuseRangesOutOfBackwardOrderAndAnIncompleteCover)
   buckets.ready(0, 60);
   EXPECT_NO_THROW(buckets.flush());
   EXPECT_THROW(GradientBuckets(communicator, arena, 0), std::invalid_argument);
+  EXPECT_THROW(GradientBuckets(communicator, arena, 16, 99), std::invalid_argument);  // one shard of 99 < 100
 }
 
-// Two thread ranks, each its own tokens: buckets of a few hundred bytes and the single
-// all-reduce after the backward sum the same values in the same order, so the weights agree
-// bit for bit after several steps.
-TEST(GradientOverlap, OverlappedBucketsGiveTheSingleAllReducesWeightsBitwise) {
+// Thread ranks, each its own tokens: buckets of a few hundred bytes and the single
+// reduction after the backward sum the same values in the same (rank) order, so the weights
+// agree bit for bit after several steps — all-reduce over two ranks, and with ZeRO-1 the
+// reductions to each shard's owner against the reduce-scatter, over two and three ranks.
+std::vector<float> train_ranks(int ranks, bool zero, std::int64_t bucket_bytes) {
   const ModelConfig config = tiny_model();
-  const auto train = [&](std::int64_t bucket_bytes) {
-    auto world = std::make_shared<pope::testing::ThreadWorld>(2);
-    std::vector<std::vector<float>> weights(2);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < 2; ++r)
-      ranks.emplace_back([&, r] {
-        pope::testing::ThreadCommunicator communicator(world, r);
-        auto backend = make_backend("cpu", "float", 1);
-        Model model(config, *backend);
-        model.initialize(5);
-        OptimConfig optim;
-        optim.weight_decay = 0.1;
-        AdamW adamw(model, optim);
-        const int B = 2, T = 8;
-        TrainStep step(model, adamw, TrainStepShape{2, B, T, 1.0 / (4 * B * T)}, true, &communicator, bucket_bytes);
-        for (long s = 1; s <= 4; ++s) {
-          step.enqueue(random_tokens(2 * B * T, std::uint64_t(10 * s + r)),
-                       random_tokens(2 * B * T, std::uint64_t(100 * s + r)), s, 1e-2);
-          step.result(s);
-        }
-        weights[std::size_t(r)] = model.parameters_to_host();
-      });
-    for (auto& rank : ranks) rank.join();
-    EXPECT_EQ(weights[0], weights[1]);
-    return weights[0];
-  };
-  const auto single = train(0);
-  EXPECT_EQ(train(256), single);
-  EXPECT_EQ(train(std::int64_t(1) << 30), single);
+  auto world = std::make_shared<pope::testing::ThreadWorld>(ranks);
+  std::vector<std::vector<float>> weights{std::size_t(ranks)};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      pope::testing::ThreadCommunicator communicator(world, r);
+      auto backend = make_backend("cpu", "float", 1);
+      Model model(config, *backend, zero ? ranks : 1);
+      model.initialize(5);
+      OptimConfig optim;
+      optim.weight_decay = 0.1;
+      AdamW adamw(model, optim, zero ? &communicator : nullptr);
+      const int B = 2, T = 8;
+      TrainStep step(model, adamw, TrainStepShape{2, B, T, 1.0 / (2 * ranks * B * T)}, true, &communicator,
+                     bucket_bytes);
+      for (long s = 1; s <= 4; ++s) {
+        step.enqueue(random_tokens(2 * B * T, std::uint64_t(10 * s + r)),
+                     random_tokens(2 * B * T, std::uint64_t(100 * s + r)), s, 1e-2);
+        step.result(s);
+      }
+      weights[std::size_t(r)] = model.parameters_to_host();
+    });
+  for (auto& thread : threads) thread.join();
+  for (int r = 1; r < ranks; ++r) EXPECT_EQ(weights[std::size_t(r)], weights[0]) << "rank " << r;
+  return weights[0];
+}
+
+TEST(GradientOverlap, OverlappedBucketsGiveTheSingleAllReducesWeightsBitwise) {
+  const auto single = train_ranks(2, false, 0);
+  EXPECT_EQ(train_ranks(2, false, 256), single);
+  EXPECT_EQ(train_ranks(2, false, std::int64_t(1) << 30), single);
+}
+
+TEST(GradientOverlap, ZeroOneBucketsGiveTheReduceScattersWeightsBitwise) {
+  for (int ranks : {2, 3}) {
+    const auto scattered = train_ranks(ranks, true, 0);
+    EXPECT_EQ(train_ranks(ranks, true, 256), scattered) << ranks << " ranks";
+    EXPECT_EQ(train_ranks(ranks, true, std::int64_t(1) << 30), scattered) << ranks << " ranks";
+  }
 }

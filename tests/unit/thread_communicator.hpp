@@ -26,18 +26,14 @@ class ThreadCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return world_->size; }
 
-  void all_reduce_sum(Tensor data) override {
-    world_->contributions[std::size_t(rank_)] = data;
-    world_->sync.arrive_and_wait();  // every rank has published its tensor
-    std::vector<double> sum(std::size_t(data.numel()), 0.0);
-    for (const Tensor& part : world_->contributions)
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += element(part, i);
-    world_->sync.arrive_and_wait();  // every rank has read every tensor
-    for (std::size_t i = 0; i < sum.size(); ++i) set_element(data, i, sum[i]);
-  }
-  // The CPU backend has finished all queued work when a call returns, so the sum can be
+  void all_reduce_sum(Tensor data) override { sum_into(data, true); }
+  // The CPU backend has finished all queued work when a call returns, so the sums can be
   // taken at once.
-  void all_reduce_sum_async(Tensor data) override { all_reduce_sum(data); }
+  void all_reduce_sum_async(Tensor data) override { sum_into(data, true); }
+  void reduce_sum_async(Tensor data, int root) override {
+    if (root < 0 || root >= world_->size) throw std::invalid_argument("ThreadCommunicator: a reduction to no rank");
+    sum_into(data, root == rank_);
+  }
   void join() override {}
 
   void reduce_scatter_sum(Tensor data) override {
@@ -74,6 +70,17 @@ class ThreadCommunicator final : public Communicator {
   }
 
  private:
+  // Sums every rank's `data` in rank order; stores the sum in this rank's `data` if `keep`.
+  void sum_into(Tensor data, bool keep) {
+    world_->contributions[std::size_t(rank_)] = data;
+    world_->sync.arrive_and_wait();  // every rank has published its tensor
+    std::vector<double> sum(std::size_t(data.numel()), 0.0);
+    for (const Tensor& part : world_->contributions)
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += element(part, i);
+    world_->sync.arrive_and_wait();  // every rank has read every tensor
+    if (keep)
+      for (std::size_t i = 0; i < sum.size(); ++i) set_element(data, i, sum[i]);
+  }
   static double element(const Tensor& t, std::size_t i) {
     return t.dtype == DType::f32 ? double(t.as<float>()[i]) : t.as<double>()[i];
   }
