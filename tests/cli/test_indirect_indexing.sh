@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The indirect-indexing reproduction script end to end on the CPU with a shrunken model and
 # task: two encodings × two seeds run concurrently, accuracy.csv / final.csv are written
-# from the runs' metrics, a second call resumes, bad arguments exit 2, and the plot script
-# turns the CSV into a PNG (when gnuplot is installed).
+# from the runs' metrics and test.csv from pope-eval on each run, a second call resumes,
+# --summary only summarizes, bad arguments exit 2, and the plot script turns the CSV into a
+# PNG (when gnuplot is installed).
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
@@ -20,6 +21,7 @@ SMALL=(--set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2 --set mo
 expect_exit 0 "$SCRIPT" --bin "$TRAIN" --device cpu --out "$OUT" --encodings "rope pope" --seeds "1 2" --steps 10 -- "${SMALL[@]}"
 expect_output "pope: final val accuracy"
 expect_output "rope: final val accuracy"
+expect_output "pope: test accuracy"
 for run in rope_seed1 rope_seed2 pope_seed1 pope_seed2; do
   [ -f "$OUT/$run/config.json" ] || fail "no run directory for $run"
 done
@@ -27,6 +29,8 @@ done
 # Evaluations at steps 0, 5 and 10 for each of the four runs.
 [ "$(tail -n +2 "$OUT/accuracy.csv" | wc -l)" -eq 12 ] || { cat "$OUT/accuracy.csv" >&2; fail "expected 12 evaluations"; }
 grep -q "^pope_seed2,pope,2,10," "$OUT/final.csv" || { cat "$OUT/final.csv" >&2; fail "final.csv lacks pope_seed2 at step 10"; }
+[ "$(head -n 1 "$OUT/test.csv")" = "run,encoding,seed,step,test_accuracy" ] || fail "test.csv header"
+[ "$(grep -c ',10,' "$OUT/test.csv")" -eq 4 ] || { cat "$OUT/test.csv" >&2; fail "test.csv: expected 4 runs at step 10"; }
 # The two seeds of one encoding start from different weights.
 [ "$(grep '^rope_seed1,rope,1,0,' "$OUT/accuracy.csv" | cut -d, -f6)" != \
   "$(grep '^rope_seed2,rope,2,0,' "$OUT/accuracy.csv" | cut -d, -f6)" ] || fail "seeds 1 and 2 gave the same initial loss"
@@ -51,6 +55,13 @@ fi
 expect_exit 0 "$SCRIPT" --bin "$TRAIN" --device cpu --out "$OUT" --encodings "rope pope" --seeds "1 2" --steps 15 -- "${SMALL[@]}"
 grep -q "resumed from .*step_00000010 at step 10" "$OUT/pope_seed1/train.log" || fail "pope_seed1 did not resume"
 grep -q "^rope_seed1,rope,1,15," "$OUT/final.csv" || { cat "$OUT/final.csv" >&2; fail "final.csv lacks step 15"; }
+
+# --summary trains nothing (a larger --steps would otherwise resume) and writes the same tables.
+cp "$OUT/final.csv" "$SCRATCH/final_before.csv"
+expect_exit 0 "$SCRIPT" --bin "$TRAIN" --device cpu --out "$OUT" --encodings "rope pope" --seeds "1 2" --steps 20 --summary
+expect_output "rope: test accuracy"
+cmp -s "$OUT/final.csv" "$SCRATCH/final_before.csv" || fail "--summary changed final.csv (did it train?)"
+[ "$(grep -c ',15,' "$OUT/test.csv")" -eq 4 ] || { cat "$OUT/test.csv" >&2; fail "test.csv: expected 4 runs at step 15"; }
 
 # Bad arguments: exit 2 with the reason.
 expect_exit 2 "$SCRIPT" --bin "$TRAIN" --encodings "sinusoid" --out "$OUT"
