@@ -9,7 +9,8 @@
 #      ZeRO-1 (train.zero_stage=1) against the same 1-GPU run, and its checkpoint resumed on 1 GPU;
 #   3. scaling: tokens/s of 124M and 774M, RoPE and PoPE, on 1 GPU and on 2 GPUs with ZeRO-1 at the
 #      same global batch; then 774M RoPE on 2 GPUs with the other gradient reductions (the
-#      overlapped all-reduce without ZeRO-1, ZeRO-1's reduce-scatter after the backward).
+#      overlapped all-reduce without ZeRO-1, ZeRO-1's reduce-scatter after the backward), and the
+#      device time per step phase of 774M RoPE on 1 and 2 GPUs (train.phase_timing).
 # Prints a table last. Logs go to $OUT (or /tmp/pope_multi_gpu).
 # Usage: scripts/multi_gpu_check.sh [--scaling-only] [scaling steps (default 20)]
 set -uo pipefail
@@ -185,6 +186,19 @@ for variant in "train.zero_stage=0" "train.ddp_bucket_mb=0"; do
   row "scaling 774m rope, 2 GPUs, $(grep -m1 -oE "gradients: [^;]*" "$LOGS/scale_two_774m_$name.log")" \
     "$two tok/s, ×$(ratio "$two" "$one")"
 done
+
+# Where a step's time goes, 1 GPU against 2 with ZeRO-1 (timed steps run eagerly).
+phases() {  # run dir: the last window's mean ms per phase
+  python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; \
+p=[x for x in r if x['event']=='train'][-1]['phase_ms']; \
+print(', '.join(f'{k} {v:.1f}' for k, v in p.items()) + f' (sum {sum(p.values()):.1f}) ms/step')" \
+    "$1/metrics.jsonl" 2>/dev/null || echo "no phase_ms in $1/metrics.jsonl"
+}
+$TRAIN "${ARGS[@]}" --set train.phase_timing=true --out "$RUNS/phases_one_774m" >"$LOGS/phases_one_774m.log" 2>&1
+row "phases 774m rope, 1 GPU" "$(phases "$RUNS/phases_one_774m")"
+"${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --set train.phase_timing=true \
+  --out "$RUNS/phases_two_774m" >"$LOGS/phases_two_774m.log" 2>&1
+row "phases 774m rope, 2 GPUs ZeRO-1 (rank 0)" "$(phases "$RUNS/phases_two_774m")"
 
 echo
 echo "| check | result |"

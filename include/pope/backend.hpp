@@ -113,6 +113,15 @@ class Fence {
   virtual bool ready() = 0;
 };
 
+// A fence that also notes when its work finished, so that phases of queued work can be timed
+// without synchronising in between: seconds_since(earlier) is the device time from `earlier`'s
+// point in the queue to this one. Both must have been recorded and reached (wait() or
+// ready()); std::logic_error otherwise.
+class TimedFence : public Fence {
+ public:
+  virtual double seconds_since(const TimedFence& earlier) const = 0;
+};
+
 // Records the work a backend queues between begin() and end() instead of running it;
 // replay() runs the recording again, reading and writing the same memory (a CUDA graph).
 // Recording must not allocate, copy from pageable host memory or synchronise.
@@ -149,6 +158,7 @@ class Backend {
   virtual void copy_from_host_async(Tensor dst, const void* src) = 0;
   virtual void copy_to_host_async(void* dst, Tensor src) = 0;
   virtual std::unique_ptr<Fence> make_fence() = 0;
+  virtual std::unique_ptr<TimedFence> make_timed_fence() = 0;
 
   // Recording work for replay; make_graph_capture throws std::logic_error unless
   // supports_graphs().

@@ -134,6 +134,7 @@ struct TrainConfig {
   double ddp_bucket_mb = 25.0;     // data parallel: gradient all-reduce buckets (MiB) overlapped with
                                    // the backward; 0: one all-reduce after it
   int zero_stage = 0;              // data parallel: 1 shards the optimizer state over the ranks (ZeRO-1)
+  bool phase_timing = false;       // log each window's mean device time per step phase (eager steps)
   std::string device = "auto";     // auto | cpu | cuda
   int threads = 0;                 // CPU threads; 0: all cores
 };

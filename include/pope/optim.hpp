@@ -46,7 +46,9 @@ class AdamW {
   // Queues the squared gradient norm into stats[kStatsGradSquares] and the guarded AdamW
   // update, which skips itself when that norm or stats[kStatsLossSum] is not finite and
   // records the outcome in stats[kStatsApplied]. Reads nothing back.
-  void step_on_device(Tensor schedule, Tensor stats);
+  // before_gather, if given, is recorded after the update, before ZeRO-1's all-gather (for
+  // timing the two; unsharded, nothing follows it).
+  void step_on_device(Tensor schedule, Tensor stats, Fence* before_gather = nullptr);
   // What the host reports of a step from its stats (StepStatsSlot order).
   OptimizerStepResult result_from(std::span<const double, kStepStatsSize> stats) const;
 

@@ -20,6 +20,7 @@
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
+#include "pope/train_step.hpp"
 
 namespace pope {
 
@@ -87,7 +88,8 @@ class Trainer {
   // Evaluates, logs and appends the metrics record of `step`.
   Validation run_validation(long step);
   void fill_training_rows(std::uint64_t first_sample, std::int32_t* inputs, std::int32_t* targets) const;
-  void log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second, double eta_seconds);
+  void log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second, double eta_seconds,
+                 const std::optional<StepPhases>& phases);
   void append_metrics(const nlohmann::json& record);
   void save();
   void restore(const std::filesystem::path& checkpoint);

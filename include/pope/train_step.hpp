@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "pope/backend.hpp"
@@ -26,10 +27,23 @@ struct TrainStepShape {
   std::int64_t tokens() const { return std::int64_t(micro_batches) * batch * seq_len; }
 };
 
+// Device time of one step's phases, in seconds (TrainStep::time_phases).
+struct StepPhases {
+  double forward_backward = 0.0;  // zeroing the gradients, every micro-batch's forward and backward
+  double reduction = 0.0;  // from the end of the backward until the sums over the ranks are in: the
+                           // part of the gradient reduction not hidden behind the backward
+  double update = 0.0;     // gradient norm and AdamW (on this rank's shard with ZeRO-1)
+  double gather = 0.0;     // ZeRO-1: all-gather of the updated weights and the compute copy's refresh
+  double total() const { return forward_backward + reduction + update + gather; }
+  StepPhases& operator+=(const StepPhases& other);
+  StepPhases operator/(double divisor) const;
+};
+
 struct TrainStepResult {
   double loss_sum = 0.0;   // Σ token losses over every micro-batch of every rank (unmasked targets)
   OptimizerStepResult optimizer;
   int stop_votes = 0;      // ranks that asked to stop with this step (see enqueue)
+  std::optional<StepPhases> phases;  // with time_phases(true)
 };
 
 class TrainStep {
@@ -64,6 +78,11 @@ class TrainStep {
   // step only. Throws std::logic_error for an older step (its results are overwritten).
   TrainStepResult result(long step);
 
+  // From the next enqueue on, times every step's phases on the device (timed fences between
+  // them, no synchronisation) and returns them with its results. Timed steps run eagerly: a
+  // recorded graph would replay its first timestamps.
+  void time_phases(bool on) { time_phases_ = on; }
+
   const TrainStepShape& shape() const { return shape_; }
   // Whether a recording of the step exists for the model's current activation buffers, so
   // that the next enqueue replays it (true from the second step on a graph backend).
@@ -73,6 +92,7 @@ class TrainStep {
   struct Slot;
   void run_step();
   void queue_step();
+  void mark_phase(int boundary);  // records the queuing slot's timed fence `boundary` when timing
 
   Model& model_;
   AdamW& optimizer_;
@@ -92,6 +112,8 @@ class TrainStep {
   std::uint64_t warm_generation_ = 0;      // ...these activation buffers
   long enqueued_ = 0;
   std::int64_t bucket_bytes_;
+  bool time_phases_ = false;
+  Slot* queuing_ = nullptr;  // the slot whose step queue_step() is queuing
 };
 
 }  // namespace pope

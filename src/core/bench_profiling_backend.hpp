@@ -40,6 +40,7 @@ class ProfilingBackend final : public Backend {
   void copy_from_host_async(Tensor dst, const void* src) override { inner_.copy_from_host_async(dst, src); }
   void copy_to_host_async(void* dst, Tensor src) override { inner_.copy_to_host_async(dst, src); }
   std::unique_ptr<Fence> make_fence() override { return inner_.make_fence(); }
+  std::unique_ptr<TimedFence> make_timed_fence() override { return inner_.make_timed_fence(); }
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte) override;
   void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens) override;

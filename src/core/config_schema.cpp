@@ -102,6 +102,7 @@ std::vector<Field> make_fields() {
       // run resumes with either setting.
       {POPE_CONFIG_KEY(train.ddp_bucket_mb), at_least(0), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.zero_stage), between(0, 1), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.phase_timing), {}, {}, Hashed::no},
       {POPE_CONFIG_KEY(train.device), any(), {"auto", "cpu", "cuda"}, Hashed::no},
       {POPE_CONFIG_KEY(train.threads), at_least(0), {}, Hashed::no},
       {POPE_CONFIG_KEY(out_dir), any(), {}, Hashed::no},

@@ -76,7 +76,7 @@ std::array<double, kStepScheduleSize> AdamW::schedule(long step, double lr) cons
 // shards are gathered and converted on every rank rather than gathering bf16 compute
 // copies: every rank then holds the full master weights, as without sharding, so checkpoints,
 // evaluation and the ranks' weight check work unchanged, for twice the gather's bytes.
-void AdamW::step_on_device(Tensor schedule, Tensor stats) {
+void AdamW::step_on_device(Tensor schedule, Tensor stats, Fence* before_gather) {
   Backend& be = model_.backend();
   const Tensor grads = shard_of(model_.padded_gradients());
   const Tensor squares = stats.rows(kStatsGradSquares, kStatsGradSquares + 1);
@@ -92,6 +92,7 @@ void AdamW::step_on_device(Tensor schedule, Tensor stats) {
   const bool separate = compute.data != model_.parameters().data;
   be.adamw_guarded(shard_of(model_.padded_parameters()), grads, m_.tensor, v_.tensor, segments_, hyper, schedule,
                    stats, separate && !sharded() ? compute : Tensor{});
+  if (before_gather != nullptr) before_gather->record();
   if (sharded()) {
     shard_over_->all_gather(model_.padded_parameters());
     model_.refresh_compute_weights();

@@ -18,7 +18,22 @@ struct TrainStep::Slot {
   Buffer tokens, targets, schedule, stats, stop_votes;
   std::unique_ptr<Fence> done;
   long step = 0;  // the step whose results `stats` receives; 0 before the first
+  // With phase timing: the boundaries start | backward done | sums in | updated | gathered.
+  std::array<std::unique_ptr<TimedFence>, 5> phase_marks;
+  bool timed = false;  // whether this slot's step recorded them
 };
+
+StepPhases& StepPhases::operator+=(const StepPhases& other) {
+  forward_backward += other.forward_backward;
+  reduction += other.reduction;
+  update += other.update;
+  gather += other.gather;
+  return *this;
+}
+
+StepPhases StepPhases::operator/(double divisor) const {
+  return {forward_backward / divisor, reduction / divisor, update / divisor, gather / divisor};
+}
 
 TrainStep::TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph,
                      Communicator* communicator, std::int64_t bucket_bytes)
@@ -85,6 +100,10 @@ void TrainStep::enqueue(std::span<const std::int32_t> tokens, std::span<const st
   Backend& be = model_.backend();
   Slot& slot = *slots_[std::size_t(enqueued_ % 2)];
   communicator_.wait(*slot.done);  // the device is done with this slot's previous step (two steps ago)
+  if (time_phases_ && slot.phase_marks[0] == nullptr)
+    for (auto& mark : slot.phase_marks) mark = be.make_timed_fence();
+  slot.timed = time_phases_;
+  queuing_ = &slot;
   std::memcpy(slot.tokens.get(), tokens.data(), tokens.size_bytes());
   std::memcpy(slot.targets.get(), targets.data(), targets.size_bytes());
   std::memcpy(slot.schedule.get(), schedule.data(), sizeof(schedule));
@@ -108,8 +127,13 @@ TrainStepResult TrainStep::result(long step) {
     if (slot.step != step) continue;
     communicator_.wait(*slot.done);
     const std::span<const double, kStepStatsSize> stats(static_cast<const double*>(slot.stats.get()), kStepStatsSize);
-    return {stats[kStatsLossSum], optimizer_.result_from(stats),
-            int(std::lround(*static_cast<const double*>(slot.stop_votes.get())))};
+    TrainStepResult result{stats[kStatsLossSum], optimizer_.result_from(stats),
+                           int(std::lround(*static_cast<const double*>(slot.stop_votes.get()))), std::nullopt};
+    if (slot.timed) {  // every mark precedes `done`, so all have been reached
+      const auto between = [&](int from, int to) { return slot.phase_marks[to]->seconds_since(*slot.phase_marks[from]); };
+      result.phases = StepPhases{between(0, 1), between(1, 2), between(2, 3), between(3, 4)};
+    }
+    return result;
   }
   throw std::logic_error(
       fmt::format("TrainStep: no results kept for step {}; only the last two enqueued steps are", step));
@@ -128,7 +152,7 @@ void TrainStep::run_step() {
   graph_.reset();
   Backend& be = model_.backend();
   const bool warm = warm_generation_ == model_.activation_generation() && warm_;
-  if (!use_graph_ || !be.supports_graphs() || communicator_.size() > 1 || !warm) {
+  if (!use_graph_ || time_phases_ || !be.supports_graphs() || communicator_.size() > 1 || !warm) {
     queue_step();
     warm_ = true;
     warm_generation_ = model_.activation_generation();
@@ -159,8 +183,13 @@ struct GradientsReadyScope {
 // (with ZeRO-1, the reduce-scatter's);
 // with more, NCCL's order of the summands may depend on an element's place in the buffer (a
 // last-bit difference), and every rank still receives the same sums.
+void TrainStep::mark_phase(int boundary) {
+  if (queuing_ != nullptr && queuing_->timed) queuing_->phase_marks[std::size_t(boundary)]->record();
+}
+
 void TrainStep::queue_step() {
   Backend& be = model_.backend();
+  mark_phase(0);
   be.fill(stats_.tensor, 0.0);  // the loss sum starts at 0; the other entries are overwritten
   model_.zero_gradients();
   const Tensor loss_sum = stats_.tensor.rows(kStatsLossSum, kStatsLossSum + 1);
@@ -181,6 +210,7 @@ void TrainStep::queue_step() {
                               shape_.grad_scale, loss_sum);
     }
   }
+  mark_phase(1);
   if (overlap) {
     buckets->flush();
     communicator_.join();
@@ -191,7 +221,10 @@ void TrainStep::queue_step() {
   }
   communicator_.all_reduce_sum(loss_sum);
   communicator_.all_reduce_sum(stop_votes_.tensor);
-  optimizer_.step_on_device(schedule_.tensor, stats_.tensor);
+  mark_phase(2);
+  optimizer_.step_on_device(schedule_.tensor, stats_.tensor,
+                            queuing_ != nullptr && queuing_->timed ? queuing_->phase_marks[3].get() : nullptr);
+  mark_phase(4);
 }
 
 }  // namespace pope

@@ -303,13 +303,19 @@ void Trainer::fill_training_rows(std::uint64_t first_sample, std::int32_t* input
     train_sampler_->fill(first_sample, B, inputs, targets);
 }
 
+// phases: the window's mean per step, if timed.
 void Trainer::log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second,
-                        double eta_seconds) {
+                        double eta_seconds, const std::optional<StepPhases>& phases) {
   if (options_.quiet) return;
+  const std::string timing =
+      phases ? fmt::format(" | ms/step: fwd+bwd {:.1f}, reduce {:.1f}, update {:.1f}, gather {:.1f}",
+                           1e3 * phases->forward_backward, 1e3 * phases->reduction, 1e3 * phases->update,
+                           1e3 * phases->gather)
+             : std::string();
   std::static_pointer_cast<spdlog::logger>(logger_)->info(
-      "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | ETA {}", step,
+      "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | ETA {}{}", step,
       std::to_string(config_.train.steps).size(), config_.train.steps, loss, lr, grad_norm, tokens_per_second,
-      format_duration(eta_seconds));
+      format_duration(eta_seconds), timing);
 }
 
 TrainingSummary Trainer::train() {
@@ -336,11 +342,13 @@ TrainingSummary Trainer::train_steps() {
   std::vector<std::int32_t> inputs(std::size_t(accumulation) * B * T), targets(inputs.size());
   TrainStep train_step(*model_, *optimizer_, TrainStepShape{accumulation, B, T, grad_scale}, true,
                        communicator_.get(), std::int64_t(tc.ddp_bucket_mb * double(1 << 20)));
+  train_step.time_phases(tc.phase_timing);
 
   TrainingSummary summary;
   const auto start = Clock::now();
   auto window_start = Clock::now();
   long window_steps = 0;
+  StepPhases window_phases;  // summed over the window's steps, with train.phase_timing
   long last_saved_step = -1;
   // One rank's signal stops every rank, at the same step: the ranks' stop votes travel with
   // each step's reduction and are read with its results.
@@ -367,6 +375,7 @@ TrainingSummary Trainer::train_steps() {
     const double loss = result.loss_sum / targets_per_step;
     summary.last_train_loss = loss;
     ++window_steps;
+    if (result.phases) window_phases += *result.phases;
 
     if (!result.optimizer.applied) {
       ++state_.consecutive_nonfinite;
@@ -387,16 +396,25 @@ TrainingSummary Trainer::train_steps() {
       const double elapsed = seconds_since(window_start);
       const double tokens_per_second = window_steps * tokens_per_step / std::max(elapsed, 1e-9);
       const double eta = elapsed / window_steps * double(tc.steps - done.step);
-      log_train(done.step, loss, done.lr, result.optimizer.grad_norm, tokens_per_second, eta);
-      append_metrics({{"event", "train"},
-                      {"step", done.step},
-                      {"loss", loss},
-                      {"lr", done.lr},
-                      {"grad_norm", result.optimizer.grad_norm},
-                      {"tokens_per_second", tokens_per_second},
-                      {"elapsed_seconds", seconds_since(start)}});
+      std::optional<StepPhases> phases;
+      if (result.phases) phases = window_phases / double(window_steps);
+      log_train(done.step, loss, done.lr, result.optimizer.grad_norm, tokens_per_second, eta, phases);
+      nlohmann::json record{{"event", "train"},
+                            {"step", done.step},
+                            {"loss", loss},
+                            {"lr", done.lr},
+                            {"grad_norm", result.optimizer.grad_norm},
+                            {"tokens_per_second", tokens_per_second},
+                            {"elapsed_seconds", seconds_since(start)}};
+      if (phases)
+        record["phase_ms"] = {{"forward_backward", 1e3 * phases->forward_backward},
+                              {"reduction", 1e3 * phases->reduction},
+                              {"update", 1e3 * phases->update},
+                              {"gather", 1e3 * phases->gather}};
+      append_metrics(record);
       window_start = Clock::now();
       window_steps = 0;
+      window_phases = StepPhases{};
     }
     if (is_root() && has_validation() && ((tc.eval_every > 0 && done.step % tc.eval_every == 0) || done.step == tc.steps)) {
       const Validation validation = run_validation(done.step);

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -27,12 +28,26 @@ template <class Element> void fill_as(int threads, Tensor t, Element value) {
   cpu::parallel_for(threads, t.numel(), [&](std::int64_t i) { data[i] = value; });
 }
 
-// Every CPU op has finished when it returns, so there is nothing to wait for.
-class FinishedFence final : public Fence {
+// Every CPU op has finished when it returns, so there is nothing to wait for, and the time
+// of a fence's work is the time record() was called.
+class FinishedFence final : public TimedFence {
  public:
-  void record() override {}
+  void record() override {
+    reached_ = std::chrono::steady_clock::now();
+    recorded_ = true;
+  }
   void wait() override {}
   bool ready() override { return true; }
+  double seconds_since(const TimedFence& earlier) const override {
+    const auto* other = dynamic_cast<const FinishedFence*>(&earlier);
+    if (other == nullptr || !recorded_ || !other->recorded_)
+      throw std::logic_error("seconds_since: both fences must be recorded CPU fences");
+    return std::chrono::duration<double>(reached_ - other->reached_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point reached_{};
+  bool recorded_ = false;
 };
 
 template <class Real> class CpuBackend final : public Backend {
@@ -85,6 +100,7 @@ template <class Real> class CpuBackend final : public Backend {
   void copy_from_host_async(Tensor dst, const void* src) override { copy_from_host(dst, src); }
   void copy_to_host_async(void* dst, Tensor src) override { copy_to_host(dst, src); }
   std::unique_ptr<Fence> make_fence() override { return std::make_unique<FinishedFence>(); }
+  std::unique_ptr<TimedFence> make_timed_fence() override { return std::make_unique<FinishedFence>(); }
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte) override {
     cpu::embedding_forward<Real>(threads_, out, tokens, wte);

@@ -90,11 +90,12 @@ void check_page_locked(std::string_view op, const void* host) {
           "the host memory is not page-locked; take it from allocate_host() (or use the synchronous copy)");
 }
 
-// A CUDA event on the backend's stream.
-class CudaFence final : public Fence {
+// A CUDA event on the backend's stream; only a timed one (make_timed_fence) pays for the
+// timestamp.
+class CudaFence final : public TimedFence {
  public:
-  explicit CudaFence(cudaStream_t stream) : stream_(stream) {
-    POPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  CudaFence(cudaStream_t stream, bool timed) : stream_(stream), timed_(timed) {
+    POPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timed ? cudaEventDefault : cudaEventDisableTiming));
   }
   ~CudaFence() override { cudaEventDestroy(event_); }
   CudaFence(const CudaFence&) = delete;
@@ -108,9 +109,23 @@ class CudaFence final : public Fence {
     POPE_CUDA_CHECK(status);
     return true;
   }
+  double seconds_since(const TimedFence& earlier) const override {
+    const auto* other = dynamic_cast<const CudaFence*>(&earlier);
+    if (other == nullptr || !timed_ || !other->timed_)
+      throw std::logic_error("seconds_since: both fences must be timed CUDA fences (make_timed_fence)");
+    float ms = 0.0f;
+    const cudaError_t status = cudaEventElapsedTime(&ms, other->event_, event_);
+    if (status == cudaErrorNotReady || status == cudaErrorInvalidResourceHandle) {
+      cudaGetLastError();  // not sticky: clear it
+      throw std::logic_error("seconds_since: a fence that was not recorded or not yet reached");
+    }
+    POPE_CUDA_CHECK(status);
+    return double(ms) * 1e-3;
+  }
 
  private:
   cudaStream_t stream_;
+  bool timed_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -299,7 +314,8 @@ class CudaBackend final : public Backend {
     POPE_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
   }
 
-  std::unique_ptr<Fence> make_fence() override { return std::make_unique<CudaFence>(stream_); }
+  std::unique_ptr<Fence> make_fence() override { return std::make_unique<CudaFence>(stream_, false); }
+  std::unique_ptr<TimedFence> make_timed_fence() override { return std::make_unique<CudaFence>(stream_, true); }
 
   bool supports_graphs() const override { return true; }
   std::unique_ptr<GraphCapture> make_graph_capture() override { return std::make_unique<CudaGraphCapture>(stream_); }

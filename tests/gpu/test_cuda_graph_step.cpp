@@ -1,7 +1,8 @@
 // A training step without host synchronisation on the GPU: the device-side step ops against
 // the CPU reference and against plain AdamW, and TrainStep recorded in a CUDA graph: replays
 // give the same parameters as eager steps (bitwise), a non-finite step is skipped on the
-// device, replays allocate nothing, and a reallocation of the activations is noticed.
+// device, replays allocate nothing, and a reallocation of the activations is noticed; timed
+// fences and phase timing (eager, the same results).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -71,12 +72,14 @@ struct TrainedRun {
   std::vector<double> loss_sums;
 };
 
-// `steps` optimizer steps through TrainStep, recorded in a graph or all eager.
-TrainedRun train(Backend& backend, const std::vector<StepBatch>& batches, bool use_graph) {
+// `steps` optimizer steps through TrainStep, recorded in a graph or all eager (also when
+// timing the phases, which are checked to be measured).
+TrainedRun train(Backend& backend, const std::vector<StepBatch>& batches, bool use_graph, bool time_phases = false) {
   Model model(small_model(), backend);
   model.initialize(9);
   AdamW adamw(model, clipping_optimizer());
   TrainStep step(model, adamw, kShape, use_graph);
+  step.time_phases(time_phases);
   TrainedRun run;
   for (std::size_t s = 0; s < batches.size(); ++s) {
     const long number = long(s) + 1;
@@ -84,8 +87,17 @@ TrainedRun train(Backend& backend, const std::vector<StepBatch>& batches, bool u
     const TrainStepResult r = step.result(number);
     EXPECT_TRUE(r.optimizer.applied) << "step " << number;
     run.loss_sums.push_back(r.loss_sum);
-    if (use_graph) {
+    if (use_graph && !time_phases) {
       EXPECT_EQ(step.replaying(), number >= 2) << "step " << number << ": eager once, then recorded";
+    }
+    EXPECT_EQ(r.phases.has_value(), time_phases);
+    if (r.phases) {
+      EXPECT_FALSE(step.replaying()) << "timed steps run eagerly";
+      EXPECT_GT(r.phases->forward_backward, 0.0) << "step " << number;
+      EXPECT_GT(r.phases->update, 0.0) << "step " << number;
+      EXPECT_GE(r.phases->reduction, 0.0) << "step " << number;
+      EXPECT_GE(r.phases->gather, 0.0) << "step " << number;
+      EXPECT_LT(r.phases->total(), 10.0) << "step " << number;
     }
   }
   backend.synchronize();
@@ -234,6 +246,30 @@ TEST_F(CudaGraphStep, ReplayedStepsEqualEagerStepsBitwise) {
   const auto unmasked = std::count_if(targets.begin(), targets.end(), [](int t) { return t >= 0; });
   const double first_mean = eager.loss_sums[0] / double(unmasked);
   EXPECT_NEAR(first_mean, std::log(500.0), 1.0);
+}
+
+TEST_F(CudaGraphStep, TimedStepsGiveTheEagerResultsAndTheirPhases) {
+  const auto batches = random_batches(3, small_model().vocab_size);
+  const TrainedRun eager = train(*gpu_, batches, false);
+  const TrainedRun timed = train(*gpu_, batches, true, true);
+  EXPECT_EQ(timed.loss_sums, eager.loss_sums);
+  EXPECT_EQ(timed.params, eager.params);
+}
+
+// A timed fence pair brackets work on the stream: a 256 MiB fill takes tens of microseconds
+// at least; an unrecorded fence is refused rather than read as zero.
+TEST_F(CudaGraphStep, TimedFencesMeasureTheWorkBetweenThem) {
+  auto before = gpu_->make_timed_fence(), after = gpu_->make_timed_fence();
+  const OwnedTensor big = allocate_tensor(*gpu_, {std::int64_t(64) << 20}, DType::f32);
+  gpu_->synchronize();
+  before->record();
+  EXPECT_THROW(after->seconds_since(*before), std::logic_error);
+  gpu_->fill(big.tensor, 1.0);
+  after->record();
+  after->wait();
+  const double seconds = after->seconds_since(*before);
+  EXPECT_GT(seconds, 2e-5);
+  EXPECT_LT(seconds, 1.0);
 }
 
 TEST_F(CudaGraphStep, ANonFiniteStepIsSkippedOnTheDevice) {

@@ -1,10 +1,13 @@
 // TrainStep on the CPU: the same parameters, moments, loss and norm, bit for bit, as the
 // per-step path it replaces (host forward_backward per micro-batch, then AdamW::step); a
-// non-finite step skipped on the device and reported; bad inputs and stale reads refused.
+// non-finite step skipped on the device and reported; bad inputs and stale reads refused;
+// phase timing that changes no result.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "pope/rng.hpp"
 #include "pope/train_step.hpp"
@@ -74,12 +77,13 @@ Trained train_per_step(const std::vector<StepBatch>& batches) {
   return out;
 }
 
-Trained train_with_train_step(const std::vector<StepBatch>& batches) {
+Trained train_with_train_step(const std::vector<StepBatch>& batches, bool time_phases = false) {
   auto backend = make_backend("cpu", "float", 1);
   Model model(tiny_model(), *backend);
   model.initialize(5);
   AdamW adamw(model, clipping_optimizer());
   TrainStep step(model, adamw, kShape);
+  step.time_phases(time_phases);
   Trained out;
   for (std::size_t s = 0; s < batches.size(); ++s) {
     step.enqueue(batches[s].tokens, batches[s].targets, long(s) + 1, 1e-2 / double(s + 1));
@@ -88,6 +92,13 @@ Trained train_with_train_step(const std::vector<StepBatch>& batches) {
     out.norms.push_back(r.optimizer.grad_norm);
     out.applied.push_back(r.optimizer.applied);
     EXPECT_FALSE(step.replaying()) << "the CPU backend records nothing";
+    EXPECT_EQ(r.phases.has_value(), time_phases);
+    if (r.phases) {
+      EXPECT_GT(r.phases->forward_backward, 0.0);
+      EXPECT_GT(r.phases->update, 0.0);
+      EXPECT_GE(r.phases->reduction, 0.0);
+      EXPECT_GE(r.phases->gather, 0.0);
+    }
   }
   out.params = model.parameters_to_host();
   out.m = adamw.first_moment_to_host();
@@ -149,6 +160,29 @@ TEST(TrainStep, ANonFiniteStepIsSkippedAndReported) {
     }
   EXPECT_EQ(adamw.first_moment_to_host(), m);
   EXPECT_EQ(adamw.second_moment_to_host(), v);
+}
+
+TEST(TrainStep, TimingThePhasesChangesNoResult) {
+  const auto batches = random_batches(3);
+  const Trained plain = train_with_train_step(batches);
+  const Trained timed = train_with_train_step(batches, true);
+  EXPECT_EQ(timed.params, plain.params);
+  EXPECT_EQ(timed.loss_sums, plain.loss_sums);
+  EXPECT_EQ(timed.norms, plain.norms);
+}
+
+// The CPU's timed fences take the clock when recorded; the time between two is at least the
+// time slept between them, and a fence not yet recorded cannot be measured.
+TEST(TimedFence, CpuFencesMeasureTheTimeBetweenTheirRecords) {
+  auto backend = make_backend("cpu", "float", 1);
+  auto first = backend->make_timed_fence(), second = backend->make_timed_fence();
+  EXPECT_THROW(second->seconds_since(*first), std::logic_error);
+  first->record();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  second->record();
+  EXPECT_GE(second->seconds_since(*first), 0.02);
+  EXPECT_LT(second->seconds_since(*first), 5.0);
+  EXPECT_LE(first->seconds_since(*second), -0.02);
 }
 
 TEST(TrainStep, KeepsTheResultsOfTheLastTwoSteps) {

@@ -1,4 +1,5 @@
-// The training loop: exact resume, stop requests, the non-finite guard, run-directory safety.
+// The training loop: exact resume, stop requests, the non-finite guard, run-directory safety,
+// phase timing in the log records.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -31,6 +32,34 @@ TEST_F(TrainerTest, ValidationLossFalls) {
 }
 
 TEST_F(TrainerTest, ResumeReproducesTheUninterruptedRunExactly) { expect_resume_equals_uninterrupted(5); }
+
+// With train.phase_timing every "train" record carries the window's mean milliseconds per phase
+// (a single CPU rank: no reduction or gather to wait for), and the losses are those of an
+// untimed run.
+TEST_F(TrainerTest, PhaseTimingLogsMillisecondsPerPhaseWithoutChangingTheRun) {
+  config_.train.steps = 4;
+  Trainer(config_, options("plain")).train();
+  config_.train.phase_timing = true;
+  Trainer(config_, options("timed")).train();
+  EXPECT_EQ(train_losses(dir_ / "timed"), train_losses(dir_ / "plain"));
+  std::ifstream in(dir_ / "timed" / "metrics.jsonl");
+  int timed_records = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "train") continue;
+    ASSERT_TRUE(record.contains("phase_ms")) << line;
+    const auto& phases = record["phase_ms"];
+    EXPECT_GT(phases["forward_backward"].get<double>(), 0.0) << line;
+    EXPECT_GT(phases["update"].get<double>(), 0.0) << line;
+    EXPECT_GE(phases["reduction"].get<double>(), 0.0) << line;
+    EXPECT_GE(phases["gather"].get<double>(), 0.0) << line;
+    ++timed_records;
+  }
+  EXPECT_EQ(timed_records, 4);
+  std::ifstream plain(dir_ / "plain" / "metrics.jsonl");
+  const std::string text((std::istreambuf_iterator<char>(plain)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.find("phase_ms"), std::string::npos);
+}
 
 TEST_F(TrainerTest, StopRequestCheckpointsAndReportsTheSignal) {
   Trainer trainer(config_, options("run"));
