@@ -157,7 +157,7 @@ t=[x for x in r if x['event']=='train']; print(f\"{t[-1]['tokens_per_second']:.0
 ratio() { python3 -c "print(f'{$1 / max($2, 1):.2f}')"; }
 scale_args() {  # size kind: 1 micro-batch per GPU on 2 GPUs, 2 accumulated on 1
   local micro=32; [ "$1" = 774m ] && micro=16
-  ARGS=(--config configs/owt_$1.json --device cuda --set data.train=data/demo/train.bin
+  ARGS=(--no-checkpoints --config configs/owt_$1.json --device cuda --set data.train=data/demo/train.bin
         --set data.val=data/demo/val.bin --set model.position.kind=$2 --set train.steps="$STEPS"
         --set train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=0
         --set train.micro_batch_size=$micro --set train.batch_size=$((2 * micro)))

@@ -14,6 +14,9 @@ class Rng {
   double uniform();                          // [0, 1)
   double uniform(double low, double high);   // [low, high)
   double normal();                           // N(0, 1), Box–Muller without caching
+  // normal()'s transform of its two draws (first, second), so that callers can draw the
+  // words in order and transform them elsewhere (in parallel) to the same values.
+  static double normal_from(std::uint64_t first, std::uint64_t second);
   std::uint64_t below(std::uint64_t bound);  // uniform integer in [0, bound), unbiased
 
   using State = std::array<std::uint64_t, 4>;

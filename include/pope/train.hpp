@@ -39,6 +39,8 @@ struct TrainerOptions {
   std::filesystem::path init_from; // non-empty: a fresh run starts from these weights (run or step
                                    // directory) instead of random ones; optimizer moments, step,
                                    // schedule and data position start fresh. Ignored when resuming.
+  bool write_checkpoints = true;   // false: none at all, not even the last (benchmark and scaling
+                                   // runs, where writing a 774M checkpoint takes longer than the run)
 };
 
 enum class StopReason { finished, stop_at_step, interrupted, terminated };

@@ -18,6 +18,9 @@ Rng::Rng(std::uint64_t seed) {
 
 static inline std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
+// The top 53 bits of a word as a double in [0, 1).
+static inline double unit_interval(std::uint64_t word) { return static_cast<double>(word >> 11) * 0x1.0p-53; }
+
 std::uint64_t Rng::next_u64() {
   auto& s = state_;
   const std::uint64_t result = rotl(s[1] * 5, 7) * 9;
@@ -31,15 +34,20 @@ std::uint64_t Rng::next_u64() {
   return result;
 }
 
-double Rng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double Rng::uniform() { return unit_interval(next_u64()); }
 
 double Rng::uniform(double low, double high) { return low + (high - low) * uniform(); }
 
-double Rng::normal() {
+double Rng::normal_from(std::uint64_t first, std::uint64_t second) {
   // 1 − u keeps the logarithm's argument in (0, 1].
-  const double u1 = 1.0 - uniform();
-  const double u2 = uniform();
+  const double u1 = 1.0 - unit_interval(first);
+  const double u2 = unit_interval(second);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+double Rng::normal() {
+  const std::uint64_t first = next_u64();
+  return normal_from(first, next_u64());
 }
 
 std::uint64_t Rng::below(std::uint64_t bound) {

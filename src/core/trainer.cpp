@@ -421,7 +421,7 @@ TrainingSummary Trainer::train_steps() {
       summary.last_val_loss = validation.loss;
       if (validation.score) summary.last_val_accuracy = validation.score->accuracy();
     }
-    if (tc.checkpoint_every > 0 && done.step % tc.checkpoint_every == 0) {
+    if (options_.write_checkpoints && tc.checkpoint_every > 0 && done.step % tc.checkpoint_every == 0) {
       save();
       last_saved_step = done.step;
     }
@@ -454,19 +454,20 @@ TrainingSummary Trainer::train_steps() {
                    : stop_signal == SIGTERM     ? StopReason::terminated
                    : state_.step < tc.steps     ? StopReason::stop_at_step
                                                 : StopReason::finished;
-  if (state_.step != last_saved_step && state_.consecutive_nonfinite == 0) save();
+  if (options_.write_checkpoints && state_.step != last_saved_step && state_.consecutive_nonfinite == 0) save();
   summary.steps_done = state_.step;
   summary.last_checkpoint = last_checkpoint_;
   summary.seconds = seconds_since(start);
   if (summary.reason == StopReason::interrupted || summary.reason == StopReason::terminated)
-    logger.warn("stopped by signal {} after step {}; continue with --resume auto", stop_signal, state_.step);
+    logger.warn("stopped by signal {} after step {}{}", stop_signal, state_.step,
+                options_.write_checkpoints ? "; continue with --resume auto" : " (--no-checkpoints: nothing to resume)");
   else if (summary.reason == StopReason::stop_at_step)
     logger.info("stopped after step {} as asked; continue with --resume auto", state_.step);
   logger.info("done: {} steps, {:.1f} s, final train loss {:.4f}{}{}, checkpoint {}", state_.step, summary.seconds,
               summary.last_train_loss,
               summary.last_val_loss ? fmt::format(", val loss {:.4f}", *summary.last_val_loss) : "",
               summary.last_val_accuracy ? fmt::format(", val accuracy {:.4f}", *summary.last_val_accuracy) : "",
-              last_checkpoint_.string());
+              last_checkpoint_.empty() ? std::string("none written") : last_checkpoint_.string());
   append_metrics({{"event", "summary"},
                   {"step", state_.step},
                   {"loss", summary.last_train_loss},

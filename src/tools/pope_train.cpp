@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
              "--resume auto).");
   std::string config_path, out_dir, resume, device, init_from;
   std::vector<std::string> overrides;
-  bool dry_run = false, quiet = false;
+  bool dry_run = false, quiet = false, no_checkpoints = false;
   long stop_at = 0;
   app.add_option("-c,--config", config_path, "JSON config file; a bare name resolves in configs/")->required();
   app.add_option("-s,--set", overrides, "override a config key, e.g. --set model.position.kind=rope (repeatable)");
@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--stop-at", stop_at, "checkpoint and exit 0 after this global step (time-sliced jobs; the LR "
                                       "schedule still spans train.steps)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--no-checkpoints", no_checkpoints,
+               "write no checkpoint, not even at the end (benchmark and scaling runs); the run cannot be resumed")
+      ->excludes("--stop-at");
   app.add_flag("--dry-run", dry_run, "print the resolved config, parameter count and batch plan, then exit");
   app.add_flag("-q,--quiet", quiet, "only warnings and errors on the console");
   try {
@@ -117,7 +120,7 @@ int main(int argc, char** argv) {
         pope::make_communicator(world, *backend, rendezvous.get(), pope::communication_timeout(env));
 
     pope::Trainer::install_signal_handlers();
-    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet, stop_at, init_from}, std::move(backend),
+    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet, stop_at, init_from, !no_checkpoints}, std::move(backend),
                           std::move(communicator));
     const pope::TrainingSummary summary = trainer.train();
     switch (summary.reason) {

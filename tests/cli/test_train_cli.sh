@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pope-train end to end: help, config and data errors with exit codes, a small run whose
-# validation loss falls, SIGTERM → checkpoint → resume, refusing to overwrite a run,
-# corrupt checkpoints, and the paper configs' parameter counts.
+# validation loss falls, SIGTERM → checkpoint → resume, refusing to overwrite a run, a run
+# without checkpoints, corrupt checkpoints, and the paper configs' parameter counts.
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
@@ -21,7 +21,7 @@ JSON
 
 # --help documents the options.
 expect_exit 0 "$TRAIN" --help
-for opt in --config --set --out --resume --device --stop-at --dry-run; do expect_output -- "$opt"; done
+for opt in --config --set --out --resume --device --stop-at --no-checkpoints --dry-run; do expect_output -- "$opt"; done
 
 # Config errors: exit 2, naming the key and what was expected.
 expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --set model.bogus=1
@@ -72,6 +72,15 @@ stopped_at=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['st
 expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=100000 --set train.checkpoint_every=0 \
   --out "$SCRATCH/term" --resume auto --stop-at $((stopped_at + 3))
 expect_output "resumed from"
+
+# --no-checkpoints: the run trains and writes no checkpoint at all (not even the last);
+# with --stop-at (which checkpoints) it is a usage error.
+expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=25 --out "$SCRATCH/bench" --no-checkpoints
+expect_output "checkpoint none written"
+[ ! -d "$SCRATCH/bench/checkpoints" ] || [ -z "$(ls "$SCRATCH/bench/checkpoints")" ] || fail "--no-checkpoints wrote one"
+grep -q '"step":25' "$SCRATCH/bench/metrics.jsonl" || fail "--no-checkpoints run did not reach step 25"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/bench2" --no-checkpoints --stop-at 5
+expect_output "excludes"
 
 # A corrupt checkpoint is rejected with the file named, exit 1.
 latest=$(ls -d "$SCRATCH"/run/checkpoints/step_* | tail -1)

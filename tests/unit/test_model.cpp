@@ -131,6 +131,28 @@ TEST(ModelInit, ScalesAndPaddingRows) {
   EXPECT_EQ(again.parameters_to_host(), values);
 }
 
+// The normal initialisation is drawn in order and transformed in parallel: the values are
+// those of successive Rng::normal() calls, across the chunk edge at 2^20 values too (the
+// embedding here holds 4100 × 256 > 2^20 of them) and on any number of cores.
+TEST(ModelInit, NormalValuesAreTheSequentialDraws) {
+  auto backend = make_backend("cpu", "double", 1);
+  ModelConfig c = paper_model(256, 4, 1, "rope");
+  c.vocab_size = 4100;
+  c.padded_vocab_size = 4160;
+  Model model(c, *backend);
+  model.initialize(7);
+  const auto values = model.parameters_to_host();
+  const std::int64_t wte = model.layout().offset(model.layout().index_of("wte.weight"));
+  ASSERT_EQ(wte, 0) << "the embedding is the first tensor drawn";
+  const std::int64_t n = std::int64_t(c.vocab_size) * c.n_embd;
+  ASSERT_GT(n, std::int64_t(1) << 20);
+  Rng rng(7);
+  for (std::int64_t k = 0; k < n; ++k) {
+    const float expected = float(c.init_std * rng.normal());
+    ASSERT_EQ(values[std::size_t(wte + k)], expected) << "value " << k;
+  }
+}
+
 class ModelGradient : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelGradient, MatchesFiniteDifferencesInDouble) {
