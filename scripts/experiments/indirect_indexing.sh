@@ -10,7 +10,9 @@
 # and prints the mean ± std of the final validation and test accuracy per encoding. Plot with
 #   scripts/plot_accuracy.sh OUT/accuracy.csv accuracy.png      (needs gnuplot: the dev machine)
 # Runs continue from their newest checkpoint when the script is started again (--resume auto),
-# so a time-sliced job can be repeated until every run reaches train.steps.
+# so a time-sliced job can be repeated until every run reaches train.steps: a run stopped by
+# SIGTERM or SIGINT checkpoints, the script still writes the tables and exits 143 (not done);
+# a run that failed makes it exit 1.
 #
 # Usage: scripts/experiments/indirect_indexing.sh [options] [-- --set key=value ...]
 #   --out DIR            output directory (default runs/indirect_indexing)
@@ -89,6 +91,7 @@ mkdir -p "$OUT"
 
 # Launch every run in the background; each run's console output goes to OUT/<run>.console.
 failed=0
+stopped=0
 if [ "$SUMMARY" = 0 ]; then
   declare -A PIDS
   index=0
@@ -111,9 +114,14 @@ if [ "$SUMMARY" = 0 ]; then
       echo "finished $run"
     else
       status=$?
-      echo "FAILED $run (exit $status); last lines of $OUT/$run.console:" >&2
-      tail -5 "$OUT/$run.console" >&2
-      failed=1
+      if [ "$status" = 143 ] || [ "$status" = 130 ]; then
+        echo "stopped $run by a signal (exit $status), checkpointed: start the script again to continue it" >&2
+        stopped=1
+      else
+        echo "FAILED $run (exit $status); last lines of $OUT/$run.console:" >&2
+        tail -5 "$OUT/$run.console" >&2
+        failed=1
+      fi
     fi
   done
 fi
@@ -184,4 +192,6 @@ def summarize(label, table):
 summarize("final val", finals)
 summarize("test", tests)
 PY
-exit "$failed"
+if [ "$failed" = 1 ]; then exit 1; fi
+if [ "$stopped" = 1 ]; then exit 143; fi
+exit 0

@@ -63,6 +63,23 @@ expect_output "rope: test accuracy"
 cmp -s "$OUT/final.csv" "$SCRATCH/final_before.csv" || fail "--summary changed final.csv (did it train?)"
 [ "$(grep -c ',15,' "$OUT/test.csv")" -eq 4 ] || { cat "$OUT/test.csv" >&2; fail "test.csv: expected 4 runs at step 15"; }
 
+# A run stopped by SIGTERM checkpoints; the script still evaluates and tabulates it, says how
+# to continue, and exits 143 (not done) rather than 0 or 1.
+"$SCRIPT" --bin "$TRAIN" --device cpu --out "$SCRATCH/stop" --encodings pope --seeds 1 --steps 100000 -- "${SMALL[@]}" \
+  >"$SCRATCH/stop.log" 2>&1 &
+script_pid=$!
+for _ in $(seq 1 600); do
+  grep -q '"event":"train"' "$SCRATCH/stop/pope_seed1/metrics.jsonl" 2>/dev/null && break
+  sleep 0.1
+done
+for proc in /proc/[0-9]*; do  # the run's pope-train (the script's child), found by its run directory
+  tr '\0' ' ' <"$proc/cmdline" 2>/dev/null | grep -q -- "--out $SCRATCH/stop/pope_seed1 " && kill -TERM "${proc#/proc/}"
+done
+set +e; wait "$script_pid"; code=$?; set -e
+[ "$code" -eq 143 ] || { cat "$SCRATCH/stop.log" >&2; fail "a stopped run: exit $code, expected 143"; }
+grep -q "stopped pope_seed1 by a signal" "$SCRATCH/stop.log" || { cat "$SCRATCH/stop.log" >&2; fail "no stop message"; }
+grep -q "pope: test accuracy" "$SCRATCH/stop.log" || { cat "$SCRATCH/stop.log" >&2; fail "the stopped run was not evaluated"; }
+
 # Bad arguments: exit 2 with the reason.
 expect_exit 2 "$SCRIPT" --bin "$TRAIN" --encodings "sinusoid" --out "$OUT"
 expect_output "indirect_indexing_sinusoid.json"
