@@ -145,6 +145,7 @@ TrainStepResult TrainStep::result(long step) {
 // collectives stay eager: NCCL can be recorded in a graph, but an eager step is what the
 // multi-GPU check has verified, and at data-parallel sizes the launch overhead is small.
 void TrainStep::run_step() {
+  if (time_phases_) graph_.reset();  // timed steps run eagerly, also when timing starts after a recording
   if (replaying()) {
     graph_->replay();
     return;

@@ -256,6 +256,28 @@ TEST_F(CudaGraphStep, TimedStepsGiveTheEagerResultsAndTheirPhases) {
   EXPECT_EQ(timed.params, eager.params);
 }
 
+// Timing switched on after the step was recorded: the recording is dropped, the next step runs
+// eagerly and reports its phases.
+TEST_F(CudaGraphStep, TimingStartedAfterARecordingRunsEagerly) {
+  const auto batches = random_batches(4, small_model().vocab_size);
+  Model model(small_model(), *gpu_);
+  model.initialize(9);
+  AdamW adamw(model, clipping_optimizer());
+  TrainStep step(model, adamw, kShape, true);
+  for (long number = 1; number <= 3; ++number) {
+    step.enqueue(batches[std::size_t(number - 1)].tokens, batches[std::size_t(number - 1)].targets, number,
+                 learning_rate_at(number));
+    EXPECT_FALSE(step.result(number).phases.has_value());
+  }
+  ASSERT_TRUE(step.replaying());
+  step.time_phases(true);
+  step.enqueue(batches[3].tokens, batches[3].targets, 4, learning_rate_at(4));
+  const TrainStepResult r = step.result(4);
+  ASSERT_TRUE(r.phases.has_value());
+  EXPECT_GT(r.phases->forward_backward, 0.0);
+  EXPECT_FALSE(step.replaying());
+}
+
 // A timed fence pair brackets work on the stream: a 256 MiB fill takes tens of microseconds
 // at least; an unrecorded fence is refused rather than read as zero.
 TEST_F(CudaGraphStep, TimedFencesMeasureTheWorkBetweenThem) {
