@@ -54,9 +54,9 @@ class TrainStep {
   // update) and runs eagerly; nullptr means a single process. The gradient sum is an
   // all-reduce per bucket of at least bucket_bytes, started during the backward of the last
   // micro-batch as soon as its layers are done (bucket_bytes = 0: one all-reduce of the whole
-  // arena after the backward), or, when the optimizer is sharded (ZeRO-1), one reduce-scatter
-  // after the backward. Throws std::invalid_argument for a non-positive shape or a negative
-  // bucket size.
+  // arena after the backward); when the optimizer is sharded (ZeRO-1) each bucket is reduced
+  // to the ranks owning its shards instead (bucket_bytes = 0: one reduce-scatter after the
+  // backward). Throws std::invalid_argument for a non-positive shape or a negative bucket size.
   TrainStep(Model& model, AdamW& optimizer, TrainStepShape shape, bool use_graph = true,
             Communicator* communicator = nullptr, std::int64_t bucket_bytes = kDefaultBucketBytes);
 

@@ -177,17 +177,17 @@ struct GradientsReadyScope {
 };
 }  // namespace
 
-// Every rank's gradient already carries the global batch's scale, so their sum is the
-// gradient of the global mean loss; the summed loss lets every rank's non-finite guard take
-// the same decision. The gradients are summed in fp32 whichever way they are split; the sum
-// is elementwise, so with two ranks (a + b = b + a) buckets give the single all-reduce's bits
-// (with ZeRO-1, the reduce-scatter's);
-// with more, NCCL's order of the summands may depend on an element's place in the buffer (a
-// last-bit difference), and every rank still receives the same sums.
 void TrainStep::mark_phase(int boundary) {
   if (queuing_ != nullptr && queuing_->timed) queuing_->phase_marks[std::size_t(boundary)]->record();
 }
 
+// Every rank's gradient already carries the global batch's scale, so their sum is the
+// gradient of the global mean loss; the summed loss lets every rank's non-finite guard take
+// the same decision. The gradients are summed in fp32 whichever way they are split; the sum
+// is elementwise, so with two ranks (a + b = b + a) buckets give the single all-reduce's bits
+// (with ZeRO-1, the reduce-scatter's); with more, NCCL's order of the summands may depend on
+// an element's place in the buffer (a last-bit difference), and every rank still receives the
+// same sums.
 void TrainStep::queue_step() {
   Backend& be = model_.backend();
   mark_phase(0);
