@@ -8,13 +8,12 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <exception>
-#include <thread>
 #include <vector>
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/cuda_device.hpp"
 #include "cuda/nccl_communicator.hpp"
+#include "nccl_ranks.hpp"
 
 namespace {
 
@@ -68,26 +67,12 @@ TEST_F(NcclCommunicatorTest, OneRankReducesToItselfAndCleansUp) {
 TEST_F(NcclCommunicatorTest, TwoRanksOnTwoGpusSumTheirBuffers) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   std::vector<std::vector<double>> results(2);
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank)
-    ranks.emplace_back([&, rank] {
-      try {
-        const World world{rank, 2, rank, Launcher::environment};
-        auto backend = make_cuda_backend(rank);  // the thread's current device
-        FileRendezvous rendezvous(rendezvous_path_, world, Seconds(60));
-        auto communicator = make_nccl_communicator(world, *backend, rendezvous, Seconds(60));
-        std::vector<double> values(4097);
-        for (std::size_t i = 0; i < values.size(); ++i) values[i] = double(i) * (rank + 1);
-        results[std::size_t(rank)] = reduce(*backend, *communicator, values);
-        communicator->barrier();
-      } catch (...) {
-        errors[std::size_t(rank)] = std::current_exception();
-      }
-    });
-  for (auto& thread : ranks) thread.join();
-  for (auto& error : errors)
-    if (error) std::rethrow_exception(error);
+  pope::testing::run_two_nccl_ranks(rendezvous_path_, [&](int rank, Backend& backend, Communicator& communicator) {
+    std::vector<double> values(4097);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = double(i) * (rank + 1);
+    results[std::size_t(rank)] = reduce(backend, communicator, values);
+    communicator.barrier();
+  });
   ASSERT_EQ(results[0], results[1]);
   for (std::size_t i = 0; i < results[0].size(); ++i) ASSERT_EQ(results[0][i], 3.0 * double(i)) << i;
 }

@@ -3,22 +3,18 @@
 // weights bit for bit (with ZeRO-1, the reduce-scatter's), and ZeRO-1 (reduce-scatter,
 // sharded AdamW, all-gather) gives the unsharded step's weights: bit for bit without
 // clipping (the same fp32 sums and updates), within fp32 rounding with clipping (the norm is
-// summed by shards). Reports SKIPPED
-// (visibly) without two GPUs.
+// summed by shards). Reports SKIPPED (visibly) without two GPUs.
 #ifdef POPE_HAVE_NCCL
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <exception>
-#include <thread>
+#include <filesystem>
 #include <vector>
 
-#include "cuda/cuda_backend.hpp"
 #include "cuda/cuda_device.hpp"
-#include "cuda/nccl_communicator.hpp"
+#include "nccl_ranks.hpp"
 #include "pope/rng.hpp"
 #include "pope/train_step.hpp"
 #include "unit/model_shape.hpp"
@@ -26,7 +22,6 @@
 namespace {
 
 using namespace pope;
-using Seconds = std::chrono::duration<double>;
 
 ModelConfig small_model() {
   pope::testing::ModelShape shape = pope::testing::kGpuTestShape;
@@ -50,44 +45,28 @@ class NcclDataParallelStep : public ::testing::Test {
   std::vector<std::vector<float>> train(const Setting& setting) {
     const auto rendezvous_path = std::filesystem::temp_directory_path() /
                                  ("pope_nccl_step_" + std::to_string(::getpid()) + "_" + std::to_string(++runs_));
-    std::filesystem::remove(rendezvous_path);
     std::vector<std::vector<float>> weights(2);
-    std::vector<std::exception_ptr> errors(2);
-    std::vector<std::thread> ranks;
-    for (int rank = 0; rank < 2; ++rank)
-      ranks.emplace_back([&, rank] {
-        try {
-          const World world{rank, 2, rank, Launcher::environment};
-          auto backend = make_cuda_backend(rank);
-          FileRendezvous rendezvous(rendezvous_path, world, Seconds(60));
-          auto communicator = make_nccl_communicator(world, *backend, rendezvous, Seconds(60));
-          Model model(small_model(), *backend, setting.zero ? 2 : 1);
-          model.initialize(11);
-          OptimConfig optim;
-          optim.weight_decay = 0.1;
-          optim.grad_clip = setting.grad_clip;
-          AdamW adamw(model, optim, setting.zero ? communicator.get() : nullptr);
-          const int B = 4, T = 128, micro = 2;
-          TrainStep step(model, adamw, TrainStepShape{micro, B, T, 1.0 / (2 * micro * B * T)}, true,
-                         communicator.get(), setting.bucket_bytes);
-          for (long s = 1; s <= 4; ++s) {
-            Rng rng(std::uint64_t(100 * s + rank));
-            std::vector<std::int32_t> tokens(std::size_t(micro * B * T)), targets(tokens.size());
-            for (auto& t : tokens) t = std::int32_t(rng.below(500));
-            for (auto& t : targets) t = std::int32_t(rng.below(500));
-            step.enqueue(tokens, targets, s, 1e-3);
-          }
-          EXPECT_TRUE(step.result(4).optimizer.applied);
-          weights[std::size_t(rank)] = model.parameters_to_host();
-          communicator->barrier();
-        } catch (...) {
-          errors[std::size_t(rank)] = std::current_exception();
-        }
-      });
-    for (auto& thread : ranks) thread.join();
-    std::filesystem::remove(rendezvous_path);
-    for (auto& error : errors)
-      if (error) std::rethrow_exception(error);
+    pope::testing::run_two_nccl_ranks(rendezvous_path, [&](int rank, Backend& backend, Communicator& communicator) {
+      Model model(small_model(), backend, setting.zero ? 2 : 1);
+      model.initialize(11);
+      OptimConfig optim;
+      optim.weight_decay = 0.1;
+      optim.grad_clip = setting.grad_clip;
+      AdamW adamw(model, optim, setting.zero ? &communicator : nullptr);
+      const int B = 4, T = 128, micro = 2;
+      TrainStep step(model, adamw, TrainStepShape{micro, B, T, 1.0 / (2 * micro * B * T)}, true, &communicator,
+                     setting.bucket_bytes);
+      for (long s = 1; s <= 4; ++s) {
+        Rng rng(std::uint64_t(100 * s + rank));
+        std::vector<std::int32_t> tokens(std::size_t(micro * B * T)), targets(tokens.size());
+        for (auto& t : tokens) t = std::int32_t(rng.below(500));
+        for (auto& t : targets) t = std::int32_t(rng.below(500));
+        step.enqueue(tokens, targets, s, 1e-3);
+      }
+      EXPECT_TRUE(step.result(4).optimizer.applied);
+      weights[std::size_t(rank)] = model.parameters_to_host();
+      communicator.barrier();
+    });
     EXPECT_EQ(weights[0], weights[1]) << "the ranks' weights differ";
     return weights;
   }
