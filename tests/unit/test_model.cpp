@@ -25,6 +25,14 @@ ModelConfig paper_model(int n_embd, int n_head, int n_layer, const std::string& 
   return c;
 }
 
+// A RoPE model with 4 heads whose vocabulary of `vocab` tokens is padded to `padded` rows.
+ModelConfig rope_model_with_vocabulary(int n_embd, int n_layer, int vocab, int padded) {
+  ModelConfig c = paper_model(n_embd, 4, n_layer, "rope");
+  c.vocab_size = vocab;
+  c.padded_vocab_size = padded;
+  return c;
+}
+
 ModelConfig tiny_model(const std::string& kind) {
   ModelConfig c = pope::testing::model_config(pope::testing::kTinyShape, kind);
   c.position.pope.delta_init = "uniform";  // non-zero δ so its gradient is exercised in general position
@@ -105,9 +113,7 @@ TEST(ModelInit, PjBiasStartsAffine) {
 
 TEST(ModelInit, ScalesAndPaddingRows) {
   auto backend = make_backend("cpu", "double", 1);
-  ModelConfig c = paper_model(64, 4, 4, "rope");
-  c.vocab_size = 1000;
-  c.padded_vocab_size = 1024;
+  const ModelConfig c = rope_model_with_vocabulary(64, 4, 1000, 1024);
   Model model(c, *backend);
   model.initialize(3);
   const auto values = model.parameters_to_host();
@@ -136,9 +142,7 @@ TEST(ModelInit, ScalesAndPaddingRows) {
 // embedding here holds 4100 × 256 > 2^20 of them) and on any number of cores.
 TEST(ModelInit, NormalValuesAreTheSequentialDraws) {
   auto backend = make_backend("cpu", "double", 1);
-  ModelConfig c = paper_model(256, 4, 1, "rope");
-  c.vocab_size = 4100;
-  c.padded_vocab_size = 4160;
+  const ModelConfig c = rope_model_with_vocabulary(256, 1, 4100, 4160);
   Model model(c, *backend);
   model.initialize(7);
   const auto values = model.parameters_to_host();
