@@ -249,9 +249,13 @@ struct KeyGradLayout {
   static constexpr int tiles = k + v + 2 * q + 2 * dout;
   // floats after the tiles: lse and D of two stages, bias slots of two stages, lag sums
   static constexpr int statistics = 2 * kTile + 2 * kTile + 2 * kLagSlots + kLagSlots;
-  static constexpr int ds_stride = kTile + 1;  // dS tile for the lag sums: odd stride, no bank conflicts
+  // The lag sums' skewed tile: 32 rows (two tile rows 8 apart folded into one) × a diagonal
+  // per column; the stride spreads a warp's writes over the banks (at most 2 lanes per bank).
+  static constexpr int skew_rows = kTile / 2;
+  static constexpr int skew_stride = kLagSlots + 4;
   static constexpr std::size_t bytes(bool bias_grad) {
-    return std::size_t(tiles) * sizeof(bf16) + (statistics + (bias_grad ? kTile * ds_stride : 0)) * sizeof(float);
+    return std::size_t(tiles) * sizeof(bf16) +
+           (statistics + (bias_grad ? skew_rows * skew_stride : 0)) * sizeof(float);
   }
 };
 
@@ -268,7 +272,7 @@ __global__ void __launch_bounds__(kThreads)
   float* row_dot_slots = lse_slots + 2 * kTile;
   float* bias_slots = row_dot_slots + 2 * kTile;
   float* lag_sums = bias_slots + 2 * kLagSlots;
-  float* ds_tile = lag_sums + kLagSlots;
+  float* lag_skew = lag_sums + kLagSlots;
 
   const AttentionHead head(dims, in, int(blockIdx.x));
   const int T = dims.seq_len, d = dims.head_dim;
@@ -305,6 +309,10 @@ __global__ void __launch_bounds__(kThreads)
   float* partial_row = sums_lags ? grads.bias_grad_partials + (std::int64_t(head.bh) * query_blocks + key_block) * T
                                  : nullptr;
   const int lags_owned = T - j0;
+  // Cells of the skewed tile that no lane writes (outside a row's diagonals) stay zero; the
+  // loop's first barrier orders this before the first tile's writes.
+  if (sums_lags)
+    for (int x = int(threadIdx.x); x < Layout::skew_rows * Layout::skew_stride; x += kThreads) lag_skew[x] = 0.0f;
 
   for_each_double_buffered(key_block, query_blocks, load_queries, [&](int qb, int stage) {
     const int step = qb - key_block, i0 = qb * kTile;
@@ -340,19 +348,28 @@ __global__ void __launch_bounds__(kThreads)
     mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
 
     if (sums_lags) {
+      // Accumulator elements (nb, e) and (nb + 1, e + 2) of a lane lie on one diagonal (8 keys
+      // down, 8 queries right), so each lane adds those pairs first (18 sums of its 32 values)
+      // and writes each into its row 8·warp + g of the skewed tile, in the column of its
+      // diagonal query − key + 63; thread i < 127 then sums column i over the 32 rows, in
+      // four interleaved chains of fixed order (deterministic).
+      float* skew_row = lag_skew + (lane.warp * 8 + lane.g) * Layout::skew_stride;
 #pragma unroll
-      for (int nb = 0; nb < kScoreBlocks; ++nb)
+      for (int nb = -1; nb < kScoreBlocks; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ds_tile[lane.row(e) * Layout::ds_stride + lane.column(nb, e)] = ds[nb][e];
+        for (int e = 0; e < 2; ++e) {
+          const float upper = nb >= 0 ? ds[nb < 0 ? 0 : nb][e] : 0.0f;
+          const float lower = nb + 1 < kScoreBlocks ? ds[nb + 1][e + 2] : 0.0f;
+          const int diagonal = lane.column(nb, e) - lane.row(e);  // query − key, −63 … 63
+          skew_row[diagonal + kTile - 1] = upper + lower;
+        }
       __syncthreads();
-      // Thread i < 127 sums the tile's diagonal query − key = i − 63, keys in increasing order.
       const int i = int(threadIdx.x);
       if (i < kLagSlots - 1) {
-        const int offset = i - (kTile - 1);
-        const int first_key = offset < 0 ? -offset : 0, last_key = offset < 0 ? kTile - 1 : kTile - 1 - offset;
-        float sum = 0.0f;
-        for (int key = first_key; key <= last_key; ++key) sum += ds_tile[key * Layout::ds_stride + key + offset];
-        lag_sums[i] = sum;
+        float chains[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < Layout::skew_rows; ++r) chains[r % 4] += lag_skew[r * Layout::skew_stride + i];
+        lag_sums[i] = (chains[0] + chains[1]) + (chains[2] + chains[3]);
       }
       __syncthreads();
       if (i < kTile) {
