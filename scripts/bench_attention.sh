@@ -12,6 +12,7 @@
 #        BUILD    build directory holding src/pope-bench (default build/release)
 #        LENGTHS  comma-separated T (default 1024,4096,10240,16384)
 #        PYTHON   python with torch (default python3 on PATH, /opt/torch/.venv/bin first)
+#        BENCH_ARGS  more pope-bench attention options, e.g. --atomic-dq
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOGS="${OUT:-/tmp/pope_bench_attention}"
@@ -25,7 +26,7 @@ if [ ! -x "$BUILD/src/pope-bench" ]; then
   exit 2
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
-"$BUILD/src/pope-bench" attention --lengths "$LENGTHS" --json "$LOGS/pope_attention.json" | tee "$LOGS/pope_attention.txt"
+"$BUILD/src/pope-bench" attention --lengths "$LENGTHS" ${BENCH_ARGS:-} --json "$LOGS/pope_attention.json" | tee "$LOGS/pope_attention.txt"
 "$PYTHON" scripts/reference/attention_sdpa_bench.py --lengths "$LENGTHS" --json "$LOGS/sdpa_cudnn.json" \
   | tee "$LOGS/sdpa_cudnn.txt"
 

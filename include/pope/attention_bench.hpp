@@ -19,10 +19,12 @@ struct AttentionBenchOptions {
   int head_dim = 64;
   int warmup = 5;
   int repeats = 30;
+  bool deterministic = true;  // false: the fused backward's atomic dq̃ (AttentionBackward::deterministic)
 };
 
 struct AttentionBenchRow {
   std::string encoding;
+  bool deterministic = true;  // the backward's mode (AttentionBenchOptions::deterministic)
   int batch = 0, seq_len = 0, n_head = 0, head_dim = 0, qk_width = 0;
   double forward_ms = 0.0, backward_ms = 0.0, total_ms = 0.0;  // medians
   double forward_flops = 0.0;  // causal: (QKᵀ + PV) = 2·B·H·(T²/2)·(qk_width + head_dim)

@@ -53,6 +53,9 @@ struct AttentionBackward {
   Tensor dqkv;                    // [N, 3C], overwritten
   std::span<const Tensor> position_params;
   std::span<const Tensor> position_grads;  // accumulate
+  // false lets a backend trade bitwise repeatability for speed (the CUDA fused kernels add dq
+  // with atomic adds); the CPU backend is deterministic either way.
+  bool deterministic = true;
 };
 
 // One contiguous run of the parameter arena with its weight-decay flag.

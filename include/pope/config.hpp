@@ -131,6 +131,7 @@ struct TrainConfig {
   int keep_checkpoints = 3;
   int max_nonfinite_steps = 5;     // consecutive skipped updates before aborting
   bool activation_recompute = false;  // recompute RMSNorm and GELU outputs in the backward
+  bool deterministic = true;       // false: the fused attention backward adds dq with atomics (faster)
   double ddp_bucket_mb = 25.0;     // data parallel: gradient all-reduce buckets (MiB) overlapped with
                                    // the backward; 0: one all-reduce after it
   int zero_stage = 0;              // data parallel: 1 shards the optimizer state over the ranks (ZeRO-1)

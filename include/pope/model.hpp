@@ -86,6 +86,10 @@ class Model {
   // the activations reserved so far.
   void set_activation_recompute(bool recompute);
 
+  // false lets the attention backward trade bitwise repeatability for speed
+  // (AttentionBackward::deterministic; train.deterministic). Default true.
+  void set_deterministic(bool deterministic) { deterministic_ = deterministic; }
+
   // Forward (and with `backward`, backward) of B sequences of T tokens. tokens/targets are
   // host int32 [B·T]; targets < 0 are masked. Gradients ACCUMULATE, scaled so that the
   // gradient equals grad_scale · d(Σ token losses). token_losses, if given, receives the
@@ -144,6 +148,7 @@ class Model {
   GradientsReady gradients_ready_;
   std::unique_ptr<Activations> acts_;
   bool recompute_ = false;
+  bool deterministic_ = true;
   std::uint64_t activation_generation_ = 0;
 };
 

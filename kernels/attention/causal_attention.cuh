@@ -42,6 +42,10 @@ struct AttentionGradients {
   // gradient of the bias table b_h(Δ); scratch of flash_bias_grad_partial_floats(dims) floats.
   float* bias_grad = nullptr;
   float* bias_grad_partials = nullptr;
+  // Fused path: true sums every output in a fixed order (bitwise repeatable); false lets the
+  // key kernel add dq̃ with atomic adds instead of running the query kernel (one pass over the
+  // tiles fewer; dq̃'s last bits may change between runs). The simple kernels ignore it.
+  bool deterministic = true;
 };
 
 // D_t = <dout_t, out_t> into grads.row_dot (the first step of either backward).

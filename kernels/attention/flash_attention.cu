@@ -3,8 +3,10 @@
 //               and v up to the diagonal through double-buffered shared memory (cp.async).
 //   key grad:   CTA = (b·H + h, 64 keys); streams 64-query tiles of q̃, dout, lse and D from the
 //               diagonal to the end, sums dk̃ and dv in registers; with a bias gradient it also
-//               sums dS along lags into its own partial row (no atomics).
-//   query grad: CTA = (b·H + h, 64 query rows); streams key tiles again and sums dq̃.
+//               sums dS along lags into its own partial row (no atomics). Non-deterministic
+//               mode: it also adds each tile's dS·k̃ to dq̃ with atomic adds (no query kernel).
+//   query grad: CTA = (b·H + h, 64 query rows); streams key tiles again and sums dq̃
+//               (deterministic mode).
 // In the backward, query and key blocks are both 64 rows, so only the diagonal tile needs the
 // causal mask; in the forward the last two key tiles of a 128-row block do. Tiles above the
 // diagonal are never visited. Rows past T are zero-filled on load and never stored.
@@ -240,13 +242,14 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
 
 // ---------------------------------------------------------------- key gradients (dk̃, dv, Ĝ)
 
-template <int kW, int kDv>
+template <int kW, int kDv, bool kAtomicDq>
 struct KeyGradLayout {
   static constexpr int k = kTile * padded_stride(kW);  // bf16 elements
   static constexpr int v = kTile * padded_stride(kDv);
   static constexpr int q = kTile * padded_stride(kW);
   static constexpr int dout = kTile * padded_stride(kDv);
-  static constexpr int tiles = k + v + 2 * q + 2 * dout;
+  static constexpr int ds = kAtomicDq ? kTile * padded_stride(kTile) : 0;  // dS, key-major, for dq̃
+  static constexpr int tiles = k + v + 2 * q + 2 * dout + ds;
   // floats after the tiles: lse and D of two stages, bias slots of two stages, lag sums
   static constexpr int statistics = 2 * kTile + 2 * kTile + 2 * kLagSlots + kLagSlots;
   // The lag sums' skewed tile: 32 rows (two tile rows 8 apart folded into one) × a diagonal
@@ -259,15 +262,29 @@ struct KeyGradLayout {
   }
 };
 
-template <int kW, int kDv>
+// Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators).
+constexpr int kDqChunk = 64;
+
+// grads.dq[row t] += pair (values in columns col, col + 1), atomically.
+__device__ inline void atomic_add_pair(float* address, float first, float second) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(address), make_float2(first, second));
+#else
+  atomicAdd(address, first);
+  atomicAdd(address + 1, second);
+#endif
+}
+
+template <int kW, int kDv, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
     flash_key_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
-  using Layout = KeyGradLayout<kW, kDv>;
+  using Layout = KeyGradLayout<kW, kDv, kAtomicDq>;
   extern __shared__ __align__(16) unsigned char shared[];
   bf16* k_tile = reinterpret_cast<bf16*>(shared);
   bf16* v_tile = k_tile + Layout::k;
   bf16* q_tiles = v_tile + Layout::v;
   bf16* dout_tiles = q_tiles + 2 * Layout::q;
+  bf16* ds_tile = dout_tiles + 2 * Layout::dout;  // kAtomicDq only
   float* lse_slots = reinterpret_cast<float*>(k_tile + Layout::tiles);
   float* row_dot_slots = lse_slots + 2 * kTile;
   float* bias_slots = row_dot_slots + 2 * kTile;
@@ -346,6 +363,37 @@ __global__ void __launch_bounds__(kThreads)
     mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);  // dv += Pᵀ · dout
     accumulators_to_operand(a, ds);
     mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
+
+    if constexpr (kAtomicDq) {
+      // dq̃ of this tile's 64 queries from its 64 keys: dS (rounded to bf16 as for dk̃) into
+      // shared memory key-major, then warp w takes queries 16w..16w+15 over all 64 keys and
+      // adds scale · dS·k̃ to dq̃ (zeroed before the launch; every key block adds its part, in
+      // an order that may change from run to run).
+#pragma unroll
+      for (int nb = 0; nb < kScoreBlocks; ++nb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<std::uint32_t*>(ds_tile + lane.row(2 * r) * padded_stride(kTile) + lane.column(nb, 0)) =
+              pack_bf16(ds[nb][2 * r], ds[nb][2 * r + 1]);
+      __syncthreads();
+      const int query0 = lane.warp * 16;
+#pragma unroll
+      for (int c0 = 0; c0 < kW; c0 += kDqChunk) {
+        float dq[kDqChunk / 8][4];
+        clear(dq);
+        mma_a_columns_b_columns<kTile, kDqChunk, kTile, kW>(dq, ds_tile, query0, k_tile + c0);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int t = i0 + query0 + lane.g + 8 * r;
+          if (t >= T) continue;
+          float* dq_row = grads.dq + head.statistic_index(t) * kW + c0;
+#pragma unroll
+          for (int nb = 0; nb < kDqChunk / 8; ++nb)
+            atomic_add_pair(dq_row + lane.column(nb, 0), dq[nb][2 * r] * in.score.scale,
+                            dq[nb][2 * r + 1] * in.score.scale);
+        }
+      }
+    }
 
     if (sums_lags) {
       // Accumulator elements (nb, e) and (nb + 1, e + 2) of a lane lie on one diagonal (8 keys
@@ -568,8 +616,15 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
   if (status != cudaSuccess) return status;
   status = with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
-    const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv>>(
-        tile_grid(dims), kThreads, KeyGradLayout<kW, kDv>::bytes(bias_grad), stream, dims, in, grads);
+    if (!grads.deterministic) {  // dq̃ summed by atomic adds in the key kernel
+      const std::size_t dq_bytes = std::size_t(dims.batch) * dims.n_head * dims.seq_len * kW * sizeof(float);
+      const cudaError_t zeroed = cudaMemsetAsync(grads.dq, 0, dq_bytes, stream);
+      if (zeroed != cudaSuccess) return zeroed;
+      return launch_with_shared<flash_key_grad_kernel<kW, kDv, true>>(
+          tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, true>::bytes(bias_grad), stream, dims, in, grads);
+    }
+    const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv, false>>(
+        tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, false>::bytes(bias_grad), stream, dims, in, grads);
     if (keys != cudaSuccess) return keys;
     return launch_with_shared<flash_query_grad_kernel<kW, kDv>>(tile_grid(dims), kThreads,
                                                                 QueryGradLayout<kW, kDv>::bytes, stream, dims, in, grads);

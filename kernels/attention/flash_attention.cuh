@@ -3,8 +3,9 @@
 // bf16 [B, H, T, qk_width], see qk_transform.cuh), with the encoding's Toeplitz score bias
 // b_h(t − s) read per tile. Online softmax in f32 (exp2 with the scale folded in), causal with
 // fully masked tiles skipped, no T×T tensor anywhere; the backward recomputes P from the saved
-// lse and is deterministic (no atomics: every output element is summed by one thread in a
-// fixed order).
+// lse and is deterministic by default (no atomics: every output element is summed by one thread
+// in a fixed order); with AttentionGradients::deterministic = false the key kernel adds dq̃
+// atomically instead of a second pass over the tiles.
 //
 // Shapes: qk_width W ∈ {64, 128} and head_dim d ∈ {64, 128} with d ≤ W (RoPE/NoPE/ALiBi at
 // d = 64 or 128, PoPE at d = 64); any B·H, any T (not only tile multiples). Other shapes use the

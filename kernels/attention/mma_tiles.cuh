@@ -131,6 +131,9 @@ __device__ inline void accumulators_to_a(std::uint32_t (&a)[4], const float (&le
 //              tile stores B transposed, row n holding B[·][n] (keys for Q·Kᵀ): non-transposed load.
 //   b_columns: two B fragments (n-blocks n0, n0 + 8) of k-step [k0, k0 + 16) where the tile
 //              stores B as is, row k holding B[k][·] (values for P·V): transposed load.
+//   a_columns: the A fragment of product rows [m0, m0 + 16) × k-step [k0, k0 + 16) where the
+//              tile stores A transposed, row k holding A[·][k] (dS kept key-major for dq̃ =
+//              dS·k̃): transposed load, its four 8×8 matrices in the A register order.
 template <int kWidth>
 __device__ inline const __nv_bfloat16* a_operand(const __nv_bfloat16* tile, int row0, int col0) {
   const int lane = int(threadIdx.x) % kWarpSize;
@@ -145,6 +148,12 @@ template <int kWidth>
 __device__ inline const __nv_bfloat16* b_columns(const __nv_bfloat16* tile, int k0, int n0) {
   const int lane = int(threadIdx.x) % kWarpSize;
   return tile + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * padded_stride(kWidth) + n0 + (lane / 16) * 8;
+}
+
+template <int kWidth>
+__device__ inline const __nv_bfloat16* a_columns(const __nv_bfloat16* tile, int m0, int k0) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  return tile + (k0 + lane % 8 + (lane / 16) * 8) * padded_stride(kWidth) + m0 + ((lane / 8) % 2) * 8;
 }
 
 // acc[n-block] += A · B over kDepth columns, A from a row-major shared tile (rows row0..+16),
@@ -180,6 +189,26 @@ __device__ inline void mma_a_registers_b_columns(float (&acc)[kN / 8][4], const 
       load_matrix_x4_transposed(b, b_columns<kBStride>(b_tile, step * 16, n0));
       mma_bf16(acc[n0 / 8], a[step], b[0], b[1]);
       mma_bf16(acc[n0 / 8 + 1], a[step], b[2], b[3]);
+    }
+  }
+}
+
+// acc[n-block] += A · B over kDepth, A from a tile that stores it transposed (a_columns, rows
+// m0..+16 of the product), B from a tile that stores it as is (b_columns), kN columns of
+// output: dq̃ = dS · k̃ from a key-major dS tile.
+template <int kDepth, int kN, int kAStride, int kBStride>
+__device__ inline void mma_a_columns_b_columns(float (&acc)[kN / 8][4], const __nv_bfloat16* a_tile, int m0,
+                                               const __nv_bfloat16* b_tile) {
+#pragma unroll
+  for (int k0 = 0; k0 < kDepth; k0 += 16) {
+    std::uint32_t a[4];
+    load_matrix_x4_transposed(a, a_columns<kAStride>(a_tile, m0, k0));
+#pragma unroll
+    for (int n0 = 0; n0 < kN; n0 += 16) {
+      std::uint32_t b[4];
+      load_matrix_x4_transposed(b, b_columns<kBStride>(b_tile, k0, n0));
+      mma_bf16(acc[n0 / 8], a, b[0], b[1]);
+      mma_bf16(acc[n0 / 8 + 1], a, b[2], b[3]);
     }
   }
 }

@@ -124,6 +124,7 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
 
   AttentionBenchRow row;
   row.encoding = kind;
+  row.deterministic = options.deterministic;
   row.batch = B;
   row.seq_len = T;
   row.n_head = H;
@@ -171,6 +172,7 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
   backward.dqkv = Tensor{dqkv.data, DType::bf16, DeviceKind::cuda, {rows, 3 * C}};
   backward.position_params = params;
   backward.position_grads = grads;
+  backward.deterministic = options.deterministic;
 
   cuda::AttentionRunner runner;
   for (int i = 0; i < options.warmup; ++i) {
@@ -214,13 +216,14 @@ std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptio
 }
 
 std::string format_attention_bench(const std::vector<AttentionBenchRow>& rows) {
-  std::string text = fmt::format("{:<16} {:>6} {:>3} {:>4} {:>4} {:>4} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7}\n",
-                                 "encoding", "T", "B", "H", "d", "W", "fwd ms", "bwd ms", "f+b ms", "fwd TF", "bwd TF",
-                                 "f+b TF");
+  std::string text = fmt::format("{:<16} {:>6} {:>3} {:>4} {:>4} {:>4} {:>6} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7}\n",
+                                 "encoding", "T", "B", "H", "d", "W", "dq", "fwd ms", "bwd ms", "f+b ms", "fwd TF",
+                                 "bwd TF", "f+b TF");
   for (const AttentionBenchRow& r : rows)
-    text += fmt::format("{:<16} {:>6} {:>3} {:>4} {:>4} {:>4} | {:>9.3f} {:>9.3f} {:>9.3f} | {:>7.1f} {:>7.1f} {:>7.1f}\n",
-                        r.encoding, r.seq_len, r.batch, r.n_head, r.head_dim, r.qk_width, r.forward_ms, r.backward_ms,
-                        r.total_ms, r.forward_tflops(), r.backward_tflops(), r.total_tflops());
+    text += fmt::format(
+        "{:<16} {:>6} {:>3} {:>4} {:>4} {:>4} {:>6} | {:>9.3f} {:>9.3f} {:>9.3f} | {:>7.1f} {:>7.1f} {:>7.1f}\n",
+        r.encoding, r.seq_len, r.batch, r.n_head, r.head_dim, r.qk_width, r.deterministic ? "fixed" : "atomic",
+        r.forward_ms, r.backward_ms, r.total_ms, r.forward_tflops(), r.backward_tflops(), r.total_tflops());
   text +=
       "TFLOP/s from causal FLOPs: forward 2·B·H·(T²/2)·(W + d) (QKᵀ over W, PV over d), backward 2.5× forward; "
       "times include the q/k transform.\n";
@@ -231,6 +234,7 @@ nlohmann::json attention_bench_to_json(const std::vector<AttentionBenchRow>& row
   nlohmann::json list = nlohmann::json::array();
   for (const AttentionBenchRow& r : rows)
     list.push_back({{"encoding", r.encoding},
+                    {"deterministic", r.deterministic},
                     {"batch", r.batch},
                     {"seq_len", r.seq_len},
                     {"n_head", r.n_head},

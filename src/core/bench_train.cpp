@@ -131,6 +131,7 @@ TrainBenchResult run_train_benchmark(const RunConfig& config, const TrainBenchOp
 
   Model model(config.model, backend);
   model.set_activation_recompute(config.train.activation_recompute);
+  model.set_deterministic(config.train.deterministic);
   model.initialize(config.train.seed);
   AdamW optimizer(model, config.optim);
   StepRunner runner(config, backend, model, optimizer, batches);

@@ -97,6 +97,8 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(train.keep_checkpoints), at_least(1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.max_nonfinite_steps), at_least(0)},
       {POPE_CONFIG_KEY(train.activation_recompute)},
+      // Only the last bits of the attention gradients change; a resume may switch it.
+      {POPE_CONFIG_KEY(train.deterministic), {}, {}, Hashed::no},
       // How the ranks share the work changes neither the data nor the arithmetic of a step
       // (beyond rounding), and checkpoints hold the whole optimizer state: not hashed, so a
       // run resumes with either setting.

@@ -478,7 +478,7 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
       pgrads.push_back(grad(idx));
     }
     AttentionBackward ab{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor,
-                         a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads};
+                         a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads, deterministic_};
     be.attention_backward(ab);
     be.matmul(a.d_norm.tensor, a.d_qkv.tensor, weight(li.qkv), false, false);
     be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1_of(l), true, false, 1.0, 1.0);

@@ -286,6 +286,7 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   gradients.dq = reserve_elements<float>(scratch_->dq, encoded);
   gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
   gradients.dqkv = static_cast<__nv_bfloat16*>(args.dqkv.data);
+  gradients.deterministic = args.deterministic;
   const bool flash = use_flash(dims, in, gradients.dout);
   // A PJ-bias takes its parameter gradients from the diagonal sums Ĝ of dS, zeroed here
   // because the kernels accumulate into them.

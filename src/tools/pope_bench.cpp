@@ -85,6 +85,9 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
       ->default_val(30)
       ->check(CLI::PositiveNumber);
   attention->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file");
+  attention->add_flag("!--atomic-dq", cmd.options.deterministic,
+                      "time the fused backward with dq̃ added atomically in the key kernel (not bitwise repeatable) "
+                      "instead of the deterministic query kernel");
 }
 
 // Written atomically (temporary file, fsync, rename), so a reader never sees half a file.

@@ -605,8 +605,9 @@ KernelResult dense_reference(const KernelProblem& p) {
   return r;
 }
 
-// The fused kernels' forward and backward (with the bias gradient) on the device.
-KernelResult run_flash_kernels(const KernelProblem& p) {
+// The fused kernels' forward and backward (with the bias gradient) on the device;
+// deterministic = false: dq̃ by atomic adds in the key kernel.
+KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true) {
   const std::size_t C = p.channels();
   DeviceBuffer q(p.q.size() * 2), k(p.k.size() * 2), qkv(p.qkv.size() * 2), dout(p.dout.size() * 2);
   DeviceBuffer bias(p.bias.size() * 4), bias_grad(p.bias.size() * 4), out(p.dout.size() * 2), dqkv(p.qkv.size() * 2);
@@ -640,6 +641,7 @@ KernelResult run_flash_kernels(const KernelProblem& p) {
   grads.dqkv = static_cast<__nv_bfloat16*>(dqkv.tensor(DType::bf16, {}).data);
   grads.bias_grad = static_cast<float*>(bias_grad.tensor(DType::f32, {}).data);
   grads.bias_grad_partials = static_cast<float*>(partials.tensor(DType::f32, {}).data);
+  grads.deterministic = deterministic;
   POPE_CUDA_CHECK(kernels::flash_attention_backward(p.dims, in, grads, nullptr));
   POPE_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -664,19 +666,21 @@ KernelResult run_flash_kernels(const KernelProblem& p) {
   return r;
 }
 
-class FlashKernels : public ::testing::TestWithParam<std::tuple<std::pair<int, int>, int>> {
+class FlashKernels : public ::testing::TestWithParam<std::tuple<std::pair<int, int>, int, bool>> {
  protected:
   void SetUp() override {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   }
 };
 
-// Every (W, d) instantiation, T around the 64-row tiles, random bias table: all outputs and Ĝ
-// against the dense double reference; Ĝ accumulates onto its initial values.
+// Every (W, d) instantiation, T around the 64-row tiles, random bias table, both backward modes:
+// all outputs and Ĝ against the dense double reference; Ĝ accumulates onto its initial values
+// (the unwritten-element check also catches dq̃ rows the atomic mode would miss: the buffer is
+// poisoned, and that mode zeroes it first).
 TEST_P(FlashKernels, MatchDenseReferenceWithBiasTable) {
-  const auto& [widths, seq_len] = GetParam();
+  const auto& [widths, seq_len, deterministic] = GetParam();
   const KernelProblem p = make_kernel_problem(2, seq_len, 3, widths.first, widths.second, 77u + seq_len);
-  const KernelResult gpu = run_flash_kernels(p);
+  const KernelResult gpu = run_flash_kernels(p, deterministic);
   const KernelResult ref = dense_reference(p);
   for (const auto& [name, values] : std::vector<std::pair<std::string, const std::vector<float>*>>{
            {"out", &gpu.out}, {"lse", &gpu.lse}, {"dq", &gpu.dq}, {"dk", &gpu.dk}, {"dv", &gpu.dv},
@@ -698,15 +702,29 @@ TEST_P(FlashKernels, MatchDenseReferenceWithBiasTable) {
 // (qk_width, head_dim) pairs the fused kernels are instantiated for.
 const std::vector<std::pair<int, int>> kFlashWidths{{64, 64}, {128, 64}, {128, 128}};
 
-std::string flash_case_name(const ::testing::TestParamInfo<std::tuple<std::pair<int, int>, int>>& info) {
+std::string flash_case_name(const ::testing::TestParamInfo<std::tuple<std::pair<int, int>, int, bool>>& info) {
   const std::pair<int, int> widths = std::get<0>(info.param);
   return "W" + std::to_string(widths.first) + "_d" + std::to_string(widths.second) + "_T" +
-         std::to_string(std::get<1>(info.param));
+         std::to_string(std::get<1>(info.param)) + (std::get<2>(info.param) ? "" : "_atomic_dq");
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, FlashKernels,
-                         ::testing::Combine(::testing::ValuesIn(kFlashWidths), ::testing::Values(1, 63, 64, 65, 200)),
+                         ::testing::Combine(::testing::ValuesIn(kFlashWidths), ::testing::Values(1, 63, 64, 65, 200),
+                                            ::testing::Bool()),
                          flash_case_name);
+
+// The atomic mode sums the same products as the query kernel in another order, from dS that the
+// key kernel recomputed (S = k̃·q̃ᵀ rather than q̃·k̃ᵀ: an fp32 ulp apart at times, which can move a
+// bf16-rounded dS by one bf16 ulp): dq̃ agrees to far below bf16 accuracy (seen: 1.3e-5 relative),
+// and everything else (the key kernel's own outputs) bit for bit.
+TEST_F(CudaAttention, FlashAtomicDqMatchesTheDeterministicBackward) {
+  const KernelProblem p = make_kernel_problem(2, 333, 3, 128, 64, 21u);
+  const KernelResult fixed = run_flash_kernels(p, true), atomic = run_flash_kernels(p, false);
+  EXPECT_LT(relative_error(atomic.dq, fixed.dq), 1e-4);
+  EXPECT_TRUE(bitwise_equal(atomic.dk, fixed.dk));
+  EXPECT_TRUE(bitwise_equal(atomic.dv, fixed.dv));
+  EXPECT_TRUE(bitwise_equal(atomic.bias_grad, fixed.bias_grad));
+}
 
 TEST_F(CudaAttention, FlashBackwardIsBitwiseDeterministic) {
   const KernelProblem p = make_kernel_problem(2, 333, 3, 128, 64, 21u);
