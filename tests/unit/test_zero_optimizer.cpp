@@ -142,7 +142,9 @@ TEST_P(ZeroOptimizer, ShardedStepsGiveTheUnshardedWeightsAndMoments) {
   const std::size_t arena = reference[0].m.size();
   // Parameters start at aligned offsets, so the arena always splits over two ranks; three
   // need the padding.
-  if (ranks == 3) EXPECT_NE(arena % 3, 0u) << "the test means to cover the padding";
+  if (ranks == 3) {
+    EXPECT_NE(arena % 3, 0u) << "the test means to cover the padding";
+  }
   EXPECT_EQ(sharded[0].state_bytes, 2 * sizeof(double) * ((arena + std::size_t(ranks) - 1) / std::size_t(ranks)));
   EXPECT_EQ(reference[0].state_bytes, 2 * sizeof(double) * arena);
 }
