@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <stdexcept>
 
 #include "pope/backend.hpp"
@@ -18,6 +19,12 @@ namespace pope {
 class CommunicatorError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A part of a tensor that every rank receives from rank `root` (Communicator::broadcast).
+struct BroadcastPiece {
+  Tensor data;
+  int root = 0;
 };
 
 class Communicator {
@@ -44,9 +51,13 @@ class Communicator {
   // ZeRO-1's pair, in place over data of numel divisible by size(), in equal shards (rank r's
   // shard is elements [r·n/size, (r+1)·n/size)): reduce_scatter_sum leaves in this rank's
   // shard the sum over ranks of that shard (the rest of data is left undefined);
-  // all_gather gives every rank every rank's shard. Queued like all_reduce_sum.
+  // all_gather gives every rank every rank's shard (it adds nothing, so bf16 is allowed too).
+  // Queued like all_reduce_sum.
   virtual void reduce_scatter_sum(Tensor data) = 0;
   virtual void all_gather(Tensor data) = 0;
+  // Every rank's pieces[i].data = rank pieces[i].root's (f32, f64 or bf16), for all pieces as
+  // one group; queued like all_reduce_sum. Every rank passes the same pieces (sizes, roots).
+  virtual void broadcast(std::span<const BroadcastPiece> pieces) = 0;
   // Waits for `fence` (recorded after collectives) while watching for failed ranks: throws
   // CommunicatorError when the communication failed or the fence is not reached within the
   // timeout, instead of blocking for ever.
@@ -70,6 +81,7 @@ class SingleProcessCommunicator final : public Communicator {
   void join() override {}
   void reduce_scatter_sum(Tensor) override {}
   void all_gather(Tensor) override {}
+  void broadcast(std::span<const BroadcastPiece>) override {}
   void wait(Fence& fence) override { fence.wait(); }
   void barrier() override {}
   void abort() noexcept override {}

@@ -14,6 +14,7 @@
 #include <exception>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/cuda_check.hpp"
@@ -117,10 +118,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_gather(Tensor data) override {
-    const ncclDataType_t type = checked_type(data, "all_gather");
+    const ncclDataType_t type = checked_type(data, "all_gather", true);
     const std::size_t shard = shard_numel(data, "all_gather");
     settle(ncclAllGather(shard_pointer(data, shard), data.data, shard, type, comm_, stream_), "ncclAllGather");
   }
+
+  void broadcast(std::span<const BroadcastPiece> pieces) override { broadcast_on(pieces, stream_, "broadcast"); }
 
   void wait(Fence& fence) override {
     watch([&] { return fence.ready(); }, "waiting for a step's collectives");
@@ -147,6 +150,28 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // One group: NCCL launches the pieces together instead of one kernel each.
+  void broadcast_on(std::span<const BroadcastPiece> pieces, cudaStream_t stream, const char* what) {
+    if (pieces.empty()) return;
+    std::vector<ncclDataType_t> types;
+    for (const BroadcastPiece& piece : pieces) {
+      types.push_back(checked_type(piece.data, what, true));
+      if (piece.root < 0 || piece.root >= world_.size)
+        throw std::invalid_argument(fmt::format("{}: root rank {} of {} ranks", what, piece.root, world_.size));
+    }
+    check_call(ncclGroupStart(), "ncclGroupStart");
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const Tensor& data = pieces[i].data;
+      const ncclResult_t queued =
+          ncclBroadcast(data.data, data.data, std::size_t(data.numel()), types[i], pieces[i].root, comm_, stream);
+      if (queued != ncclSuccess && queued != ncclInProgress) {
+        ncclGroupEnd();
+        check_call(queued, "ncclBroadcast");
+      }
+    }
+    settle(ncclGroupEnd(), "ncclBroadcast (grouped)");
+  }
+
   // The side stream waits for the backend's work so far, so that a reduction started on it
   // reads final gradients.
   void side_stream_after_compute() {
@@ -154,14 +179,16 @@ class NcclCommunicator final : public Communicator {
     POPE_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, compute_reached_, 0));
   }
 
-  // The NCCL type of an f32 or f64 CUDA tensor; checks that the communicator is open.
-  ncclDataType_t checked_type(const Tensor& data, const char* what) const {
-    if (data.device != DeviceKind::cuda || (data.dtype != DType::f32 && data.dtype != DType::f64))
-      throw std::invalid_argument(fmt::format("{}: a {} {} tensor; expected f32 or f64 in CUDA memory", what,
+  // The NCCL type of an f32 or f64 CUDA tensor (or bf16 for the collectives that only copy,
+  // `copies_only`: sums stay fp32); checks that the communicator is open.
+  ncclDataType_t checked_type(const Tensor& data, const char* what, bool copies_only = false) const {
+    const bool bf16 = copies_only && data.dtype == DType::bf16;
+    if (data.device != DeviceKind::cuda || (data.dtype != DType::f32 && data.dtype != DType::f64 && !bf16))
+      throw std::invalid_argument(fmt::format("{}: a {} {} tensor; expected {} in CUDA memory", what,
                                               data.device == DeviceKind::cuda ? "CUDA" : "host",
-                                              dtype_name(data.dtype)));
+                                              dtype_name(data.dtype), copies_only ? "f32, f64 or bf16" : "f32 or f64"));
     require_open(what);
-    return data.dtype == DType::f32 ? ncclFloat32 : ncclFloat64;
+    return bf16 ? ncclBfloat16 : data.dtype == DType::f32 ? ncclFloat32 : ncclFloat64;
   }
 
   std::size_t shard_numel(const Tensor& data, const char* what) const {

@@ -77,6 +77,43 @@ TEST_F(NcclCommunicatorTest, TwoRanksOnTwoGpusSumTheirBuffers) {
   for (std::size_t i = 0; i < results[0].size(); ++i) ASSERT_EQ(results[0][i], 3.0 * double(i)) << i;
 }
 
+// ZeRO-1's copies: the bf16 all-gather of the compute copy and the grouped broadcast of fp32
+// pieces from their owners (a piece from each rank, of odd sizes).
+TEST_F(NcclCommunicatorTest, TwoRanksGatherBf16AndBroadcastPiecesFromTheirOwners) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  std::vector<std::vector<float>> gathered(2), broadcast(2);
+  pope::testing::run_two_nccl_ranks(rendezvous_path_, [&](int rank, Backend& backend, Communicator& communicator) {
+    // Integers below 256 are exact in bf16; rank r fills its own shard with r·128 + i mod 64.
+    const std::int64_t n = 2 * 777;
+    std::vector<float> values(std::size_t(n), -1.0f);
+    for (std::int64_t i = rank * n / 2; i < (rank + 1) * n / 2; ++i) values[std::size_t(i)] = float(rank * 128 + i % 64);
+    const OwnedTensor bf16 = allocate_tensor(backend, {n}, DType::bf16), staging = allocate_tensor(backend, {n}, DType::f32);
+    tensor_from_host_f32(backend, staging.tensor, values);
+    backend.convert(bf16.tensor, staging.tensor);
+    communicator.all_gather(bf16.tensor);
+    // fp32 buffer: piece [0, 5) from rank 1, piece [5, 301) from rank 0; every rank starts
+    // from its own values.
+    std::vector<float> mine(301);
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = float(rank) + 0.25f * float(i);
+    const OwnedTensor f32 = allocate_tensor(backend, {301}, DType::f32);
+    tensor_from_host_f32(backend, f32.tensor, mine);
+    const std::vector<BroadcastPiece> pieces{{f32.tensor.rows(0, 5), 1}, {f32.tensor.rows(5, 301), 0}};
+    communicator.broadcast(pieces);
+    communicator.barrier();
+    gathered[std::size_t(rank)] = tensor_to_host_f32(backend, bf16.tensor);
+    broadcast[std::size_t(rank)] = tensor_to_host_f32(backend, f32.tensor);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    for (std::size_t i = 0; i < gathered[std::size_t(rank)].size(); ++i) {
+      const std::size_t owner = i < gathered[0].size() / 2 ? 0 : 1;
+      ASSERT_EQ(gathered[std::size_t(rank)][i], float(owner * 128 + i % 64)) << "rank " << rank << ", element " << i;
+    }
+    for (std::size_t i = 0; i < broadcast[std::size_t(rank)].size(); ++i)
+      ASSERT_EQ(broadcast[std::size_t(rank)][i], float(i < 5 ? 1 : 0) + 0.25f * float(i))
+          << "rank " << rank << ", element " << i;
+  }
+}
+
 TEST_F(NcclCommunicatorTest, ARankWhosePeerNeverJoinsTimesOutNamingItself) {
   const World world{0, 2, 0, Launcher::environment};  // rank 1 never starts
   auto backend = make_cuda_backend(0);

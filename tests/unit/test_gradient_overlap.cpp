@@ -42,6 +42,9 @@ class RecordingCommunicator final : public Communicator {
   void join() override { ++joins; }
   void reduce_scatter_sum(Tensor data) override { record(data, whole); }
   void all_gather(Tensor data) override { record(data, whole); }
+  void broadcast(std::span<const BroadcastPiece> pieces) override {
+    for (const BroadcastPiece& piece : pieces) record(piece.data, whole);
+  }
   void wait(Fence& fence) override { fence.wait(); }
   void barrier() override {}
   void abort() noexcept override {}

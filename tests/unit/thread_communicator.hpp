@@ -61,6 +61,19 @@ class ThreadCommunicator final : public Communicator {
     world_->sync.arrive_and_wait();
   }
 
+  void broadcast(std::span<const BroadcastPiece> pieces) override {
+    for (const BroadcastPiece& piece : pieces) {
+      if (piece.root < 0 || piece.root >= world_->size) throw std::invalid_argument("ThreadCommunicator: a broadcast from no rank");
+      world_->contributions[std::size_t(rank_)] = piece.data;
+      world_->sync.arrive_and_wait();
+      const Tensor& source = world_->contributions[std::size_t(piece.root)];
+      Tensor data = piece.data;
+      if (piece.root != rank_)
+        for (std::size_t i = 0; i < std::size_t(data.numel()); ++i) set_element(data, i, element(source, i));
+      world_->sync.arrive_and_wait();
+    }
+  }
+
   void wait(Fence& fence) override { fence.wait(); }
   void barrier() override { world_->sync.arrive_and_wait(); }
   // Leaves the world, so that the other threads' barriers stop waiting for this one.
