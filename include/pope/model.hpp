@@ -60,7 +60,14 @@ class Model {
   // Weights in the activation dtype used by forward/backward; the master tensor itself when
   // the dtypes agree. Call refresh_compute_weights() after writing parameters() directly.
   Tensor compute_weights() const;
+  // The compute copy followed by zero padding as padded_parameters() (ZeRO-1 updates and
+  // gathers it by shards); the master arena when the dtypes agree.
+  Tensor padded_compute_weights() const;
   void refresh_compute_weights();
+  // Arena ranges [begin, end) that the forward and backward read from the master weights
+  // rather than the compute copy (the encodings' positional parameters, used in fp32), each
+  // with the alignment padding that follows it (zeros), adjacent ones merged, in arena order.
+  std::vector<std::pair<std::int64_t, std::int64_t>> master_read_ranges() const;
   std::vector<ParamSegment> segments() const;
 
   // N(0, init_std) weights, N(0, init_std/√(2·n_layer)) residual projections, unit norm

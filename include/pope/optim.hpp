@@ -30,8 +30,8 @@ class AdamW {
   // must be padded to a multiple of the ranks (Model's arena_multiple), this rank keeps the
   // moments of its equal shard of the padded arena only and updates that shard of the master
   // weights, from gradients whose shard the caller has summed over the ranks
-  // (Communicator::reduce_scatter_sum); the step then gathers every rank's updated fp32
-  // shard and refreshes the compute copy. Throws std::invalid_argument for an unpadded arena.
+  // (Communicator::reduce_scatter_sum); the step then gathers every rank's updated shard of
+  // the compute copy (see step_on_device). Throws std::invalid_argument for an unpadded arena.
   AdamW(Model& model, const OptimConfig& config, Communicator* shard_over = nullptr);
 
   // Clips by global norm and applies one AdamW update with learning rate `lr`. `step` is
@@ -49,6 +49,11 @@ class AdamW {
   // before_gather, if given, is recorded after the update, before ZeRO-1's all-gather (for
   // timing the two; unsharded, nothing follows it).
   void step_on_device(Tensor schedule, Tensor stats, Fence* before_gather = nullptr);
+  // Sharded with a separate compute copy, a step leaves the master weights outside this
+  // rank's shard stale (the compute copy and the positional masters are current): this
+  // gathers them, every rank taking part, before anything reads the whole master arena
+  // (checkpoints, the ranks' weight check). Otherwise nothing to do.
+  void gather_master_weights();
   // What the host reports of a step from its stats (StepStatsSlot order).
   OptimizerStepResult result_from(std::span<const double, kStepStatsSize> stats) const;
 
@@ -66,6 +71,7 @@ class AdamW {
  private:
   std::vector<float> moment_to_host(const Tensor& moment) const;
   Tensor shard_of(const Tensor& padded_arena) const;
+  bool separate_compute() const;  // the model's compute copy is not its master arena
 
   Model& model_;
   OptimConfig config_;
@@ -74,6 +80,7 @@ class AdamW {
   OwnedTensor m_, v_;
   OwnedTensor schedule_, stats_;  // for step(), which runs the device-side step eagerly
   std::vector<ParamSegment> segments_;  // relative to shard_begin_, cut at the shard's edges
+  std::vector<BroadcastPiece> master_pieces_;  // master_read_ranges() cut by shards, with owners
 };
 
 }  // namespace pope

@@ -33,7 +33,7 @@ struct StepPhases {
   double reduction = 0.0;  // from the end of the backward until the sums over the ranks are in: the
                            // part of the gradient reduction not hidden behind the backward
   double update = 0.0;     // gradient norm and AdamW (on this rank's shard with ZeRO-1)
-  double gather = 0.0;     // ZeRO-1: all-gather of the updated weights and the compute copy's refresh
+  double gather = 0.0;     // ZeRO-1: all-gather of the updated compute copy, positional masters' broadcast
   double total() const { return forward_backward + reduction + update + gather; }
   StepPhases& operator+=(const StepPhases& other);
   StepPhases operator/(double divisor) const;

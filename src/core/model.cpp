@@ -143,7 +143,10 @@ Model::Model(const ModelConfig& config, Backend& backend, int arena_multiple)
   params_.tensor.shape = {numel};
   grads_.tensor.shape = {numel};
   separate_compute_ = dt.activation != dt.parameter;
-  if (separate_compute_) compute_ = allocate_tensor(backend_, {layout_.total_numel()}, dt.activation);
+  if (separate_compute_) {
+    compute_ = allocate_tensor(backend_, {padded_numel_}, dt.activation);
+    compute_.tensor.shape = {numel};
+  }
 
   wte_ = layout_.index_of("wte.weight");
   final_norm_ = layout_.index_of("final_norm.weight");
@@ -189,6 +192,23 @@ void Model::gradients_final(std::int64_t begin, std::int64_t end) const {
 Model::~Model() = default;
 
 Tensor Model::compute_weights() const { return separate_compute_ ? compute_.tensor : params_.tensor; }
+Tensor Model::padded_compute_weights() const { return padded(compute_weights()); }
+
+std::vector<std::pair<std::int64_t, std::int64_t>> Model::master_read_ranges() const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> tensors, ranges;
+  for (const LayerIndex& li : layers_)
+    for (std::size_t index : li.position)  // with its alignment padding: a layer's run is one range
+      tensors.emplace_back(layout_.offset(index), index + 1 < layout_.specs().size() ? layout_.offset(index + 1)
+                                                                                      : layout_.total_numel());
+  std::sort(tensors.begin(), tensors.end());
+  for (const auto& [begin, end] : tensors) {
+    if (!ranges.empty() && ranges.back().second == begin)
+      ranges.back().second = end;
+    else
+      ranges.emplace_back(begin, end);
+  }
+  return ranges;
+}
 
 void Model::refresh_compute_weights() {
   if (separate_compute_) backend_.convert(compute_.tensor, params_.tensor);

@@ -53,6 +53,18 @@ AdamW::AdamW(Model& model, const OptimConfig& config, Communicator* shard_over)
     shard_end_ = shard_begin_ + shard;
   }
   segments_ = segments_within(model.segments(), shard_begin_, shard_end_);
+  // Sharded with a separate compute copy, the step gathers that copy; the masters the
+  // forward reads (positional parameters) come from their shards' owners after it.
+  if (sharded() && model.compute_weights().data != model.parameters().data) {
+    const std::int64_t shard = shard_end_ - shard_begin_;
+    for (const auto& [begin, end] : model.master_read_ranges())
+      for (std::int64_t first = begin; first < end;) {
+        const int owner = int(first / shard);
+        const std::int64_t last = std::min(end, std::int64_t(owner + 1) * shard);
+        master_pieces_.push_back({arena.rows(first, last), owner});
+        first = last;
+      }
+  }
   m_ = allocate_tensor(model.backend(), {shard_end_ - shard_begin_}, arena.dtype);
   v_ = allocate_tensor(model.backend(), {shard_end_ - shard_begin_}, arena.dtype);
   schedule_ = allocate_tensor(model.backend(), {kStepScheduleSize}, DType::f64);
@@ -72,10 +84,12 @@ std::array<double, kStepScheduleSize> AdamW::schedule(long step, double lr) cons
 }
 
 // Sharded, the squared norm is the sum over ranks of each shard's sum (the padding adds
-// zeros), so every rank clips and guards with the same global norm. The updated fp32 master
-// shards are gathered and converted on every rank rather than gathering bf16 compute
-// copies: every rank then holds the full master weights, as without sharding, so checkpoints,
-// evaluation and the ranks' weight check work unchanged, for twice the gather's bytes.
+// zeros), so every rank clips and guards with the same global norm. Each rank writes the
+// compute copy of its shard as it updates it, and the bf16 compute shards are gathered (half
+// the bytes of gathering fp32 masters); the few masters the forward reads in fp32 (positional
+// parameters) are broadcast by their owners. The other masters outside this rank's shard are
+// then stale until gather_master_weights() (checkpoints). Without a separate compute copy (the
+// CPU backend) the masters themselves are gathered.
 void AdamW::step_on_device(Tensor schedule, Tensor stats, Fence* before_gather) {
   Backend& be = model_.backend();
   const Tensor grads = shard_of(model_.padded_gradients());
@@ -88,16 +102,24 @@ void AdamW::step_on_device(Tensor schedule, Tensor stats, Fence* before_gather) 
   hyper.eps = config_.eps;
   hyper.weight_decay = config_.weight_decay;
   hyper.grad_clip = config_.grad_clip;
-  const Tensor compute = model_.compute_weights();
-  const bool separate = compute.data != model_.parameters().data;
+  const bool separate = separate_compute();
   be.adamw_guarded(shard_of(model_.padded_parameters()), grads, m_.tensor, v_.tensor, segments_, hyper, schedule,
-                   stats, separate && !sharded() ? compute : Tensor{});
+                   stats, separate ? shard_of(model_.padded_compute_weights()) : Tensor{});
   if (before_gather != nullptr) before_gather->record();
-  if (sharded()) {
+  if (!sharded()) return;
+  if (separate) {
+    shard_over_->all_gather(model_.padded_compute_weights());
+    shard_over_->broadcast(master_pieces_);
+  } else {
     shard_over_->all_gather(model_.padded_parameters());
-    model_.refresh_compute_weights();
   }
 }
+
+void AdamW::gather_master_weights() {
+  if (sharded() && separate_compute()) shard_over_->all_gather(model_.padded_parameters());
+}
+
+bool AdamW::separate_compute() const { return model_.compute_weights().data != model_.parameters().data; }
 
 OptimizerStepResult AdamW::result_from(std::span<const double, kStepStatsSize> stats) const {
   OptimizerStepResult result;

@@ -205,6 +205,7 @@ void Trainer::append_metrics(const nlohmann::json& record) {
 // complete checkpoint. Sharded moments are gathered first, every rank taking part, so that
 // the checkpoint holds the whole state in the one format any number of ranks resumes from.
 void Trainer::save() {
+  optimizer_->gather_master_weights();
   check_ranks_agree();
   CheckpointData data;
   if (is_root() || optimizer_->sharded()) {

@@ -64,6 +64,7 @@ class NcclDataParallelStep : public ::testing::Test {
         step.enqueue(tokens, targets, s, 1e-3);
       }
       EXPECT_TRUE(step.result(4).optimizer.applied);
+      adamw.gather_master_weights();
       weights[std::size_t(rank)] = model.parameters_to_host();
       communicator.barrier();
     });

@@ -94,6 +94,40 @@ TEST(ModelLayout, PjBiasParametersAreNamedPerLayerAndNotDecayed) {
   EXPECT_EQ(count_parameters(c, layout), matrices + std::int64_t(2 * 2 + 1) * 768 + 2 * 12 * (6 + 6 * 4));
 }
 
+// ZeRO-1 broadcasts these ranges of fp32 masters each step (AdamW): they must hold every
+// positional parameter and nothing else but its alignment padding, sorted and disjoint.
+TEST(ModelLayout, MasterReadRangesAreExactlyThePositionalParameters) {
+  auto backend = make_backend("cpu");
+  for (const std::string kind : {"pjrope", "pope", "rope"}) {
+    const Model model(paper_model(64, 4, 3, kind), *backend);
+    const auto ranges = model.master_read_ranges();
+    std::int64_t covered = 0, previous_end = 0;
+    for (const auto& [begin, end] : ranges) {
+      EXPECT_LE(previous_end, begin) << kind << ": ranges out of order or overlapping";
+      EXPECT_LT(begin, end) << kind;
+      covered += end - begin;
+      previous_end = end;
+    }
+    std::int64_t positional = 0;
+    const ParameterLayout& layout = model.layout();
+    for (std::size_t i = 0; i < layout.specs().size(); ++i) {
+      if (layout.specs()[i].name.find(".position.") == std::string::npos) continue;
+      const std::int64_t begin = layout.offset(i), numel = shape_numel(layout.specs()[i].shape);
+      positional += (i + 1 < layout.specs().size() ? layout.offset(i + 1) : layout.total_numel()) - begin;
+      EXPECT_TRUE(std::any_of(ranges.begin(), ranges.end(),
+                              [&](const auto& r) { return r.first <= begin && begin + numel <= r.second; }))
+          << kind << ": " << layout.specs()[i].name << " is in no range";
+    }
+    EXPECT_EQ(covered, positional) << kind << ": the ranges hold more than the positional parameters";
+    if (kind == "rope") {
+      EXPECT_TRUE(ranges.empty());
+    }
+    if (kind == "pjrope") {
+      EXPECT_EQ(ranges.size(), 3u) << "one merged range per layer";
+    }
+  }
+}
+
 TEST(ModelInit, PjBiasStartsAffine) {
   // gate_init affine: every layer's bias starts at ≈ −1.92933·Δ/L (the FJ/LC amplitudes
   // are 0.02·N(0, 1), so only approximately).
