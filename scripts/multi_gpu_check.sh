@@ -78,6 +78,16 @@ rc=$?
 resumed=$(grep -m1 -oE "resumed from [^ ]+ at step 30" "$LOGS/zero_resume_one.log")
 [ $rc = 0 ] && [ -n "$resumed" ]
 row "ZeRO-1 checkpoint resumed on 1 GPU without ZeRO-1, to step 40" "$(verdict $?) exit $rc, ${resumed:-no resume line}"
+# PJ-RoPE full (head_dim 64 for the fused kernels): ten positional tensors per layer, whose
+# fp32 masters ZeRO-1 broadcasts from their shards' owners every step.
+FULL=(--set model.position.kind=full --set model.n_head=2)
+$TRAIN "${SMALL[@]}" "${FULL[@]}" --out "$RUNS/one_full" >"$LOGS/parity_one_full.log" 2>&1
+"${MPIRUN[@]}" $TRAIN "${SMALL[@]}" "${FULL[@]}" --set train.zero_stage=1 --out "$RUNS/zero_full" \
+  >"$LOGS/parity_zero_full.log" 2>&1
+rc=$?
+result=$(python3 scripts/compare_runs.py "$RUNS/one_full" "$RUNS/zero_full" 2>&1)
+compared=$?
+row "parity full: 1 GPU vs mpirun -np 2 ZeRO-1 (exit $rc)" "$(verdict $((rc + compared))) $result"
 
 # The same without MPI: RANK/WORLD_SIZE/LOCAL_RANK and a file rendezvous.
 rendezvous="$RUNS/rendezvous_parity"
