@@ -7,6 +7,8 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,11 +18,13 @@
 
 namespace pope::testing {
 
-// Runs body(rank, backend, communicator) on ranks 0 and 1 at once; rethrows the first rank's
-// exception, if any, once both threads have ended. The rendezvous file is removed before and after.
+// Runs body(rank, backend, communicator) on ranks 0 and 1 at once; once both threads have ended,
+// throws if either failed, with both ranks' messages (a rank that fails makes its peer time out
+// in a collective, so the peer's message alone would hide the cause). The rendezvous file is
+// removed before and after.
 inline void run_two_nccl_ranks(const std::filesystem::path& rendezvous_path,
                                const std::function<void(int, Backend&, Communicator&)>& body) {
-  const std::chrono::duration<double> timeout(60);
+  const std::chrono::duration<double> timeout(30);  // the tests take seconds; a hang costs this per test
   std::filesystem::remove(rendezvous_path);
   std::vector<std::exception_ptr> errors(2);
   std::vector<std::thread> ranks;
@@ -38,8 +42,18 @@ inline void run_two_nccl_ranks(const std::filesystem::path& rendezvous_path,
     });
   for (auto& thread : ranks) thread.join();
   std::filesystem::remove(rendezvous_path);
-  for (auto& error : errors)
-    if (error) std::rethrow_exception(error);
+  std::string messages;
+  for (int rank = 0; rank < 2; ++rank) {
+    if (!errors[std::size_t(rank)]) continue;
+    try {
+      std::rethrow_exception(errors[std::size_t(rank)]);
+    } catch (const std::exception& e) {
+      messages += "\n  rank " + std::to_string(rank) + ": " + e.what();
+    } catch (...) {
+      messages += "\n  rank " + std::to_string(rank) + ": a non-standard exception";
+    }
+  }
+  if (!messages.empty()) throw std::runtime_error("two-rank NCCL run failed:" + messages);
 }
 
 }  // namespace pope::testing
