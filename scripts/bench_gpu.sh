@@ -3,7 +3,8 @@
 # anchor's torch.compile takes most of it and is cut off after ANCHOR_TIMEOUT_S, default 430 s):
 #   1. pope-bench train, 124M (micro-batch 32) and 774M (micro-batch 16), RoPE and PoPE, T = 1024,
 #      random tokens, 3 warmup + 10 timed steps each (one step = one micro-batch, as the anchor);
-#   2. pope-bench train --profile once (124M PoPE): time per backend op;
+#   2. pope-bench train --profile once (124M PoPE): time per backend op; 124M RoPE and PoPE again
+#      with train.deterministic=false (the attention backward's atomic dq);
 #   3. the PyTorch oracle (scripts/reference/torch_gpt.py) on a bf16 GPU dump of each encoding
 #      (124M shape cut to 2 layers, 4 × 256 tokens);
 #   4. the PyTorch anchor (scripts/reference/anchors/torch_gpt_anchor.py: torch.compile, bf16
@@ -73,6 +74,15 @@ log="$LOGS/pope_774m_rope_recompute"
   --set train.activation_recompute=true "${SHRINK[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
   { echo "pope-bench 774m recompute failed:"; tail -5 "$log.txt"; }
 
+# 1c: the attention backward with atomic dq (train.deterministic=false), 124M RoPE and PoPE.
+for pos in rope pope; do
+  log="$LOGS/pope_124m_${pos}_atomic_dq"
+  "$BENCH" train --config owt_124m --device "$DEVICE" --steps "$STEPS" --warmup "$WARMUP" \
+    --set model.position.kind="$pos" --set train.micro_batch_size=32 --set train.batch_size=32 --set train.seq_len=1024 \
+    --set train.deterministic=false "${SHRINK[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
+    { echo "pope-bench 124m $pos atomic dq failed:"; tail -5 "$log.txt"; }
+done
+
 # 3: the independent PyTorch model against a bf16 dump of each encoding.
 oracle_summary=()
 for pos in nope rope pope alibi; do
@@ -134,6 +144,14 @@ for size, micro in (("124m", 32), ("774m", 16)):
         ratio = ours_rate / theirs_rate if ours_rate and theirs_rate else None
         print(f"| {size.upper()} {pos}, B = {micro}, T = 1024 | {cell(ours_rate, ',.0f')} | {cell(theirs_rate, ',.0f')} "
               f"| {cell(ratio, '.2f')} | {cell(ours.get('mfu_vs_790'), '.3f')} | {cell(theirs.get('mfu_vs_790'), '.3f')} |")
+for pos in ("rope", "pope"):
+    path = os.path.join(logs, f"pope_124m_{pos}_atomic_dq.json")
+    if os.path.exists(path):
+        r = json.load(open(path))
+        theirs = anchor.get(("124m", pos), {}).get("tok_s")
+        ratio = r.get("tokens_per_second") / theirs if r.get("tokens_per_second") and theirs else None
+        print(f"| 124M {pos}, B = 32, T = 1024, train.deterministic=false | {cell(r.get('tokens_per_second'), ',.0f')} "
+              f"| {cell(theirs, ',.0f')} | {cell(ratio, '.2f')} | {cell(r.get('mfu_vs_790'), '.3f')} | |")
 path = os.path.join(logs, "pope_774m_rope_recompute.json")
 if os.path.exists(path):
     r = json.load(open(path))
