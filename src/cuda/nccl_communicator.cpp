@@ -14,7 +14,6 @@
 #include <exception>
 #include <functional>
 #include <thread>
-#include <vector>
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/cuda_check.hpp"
@@ -153,17 +152,16 @@ class NcclCommunicator final : public Communicator {
   // One group: NCCL launches the pieces together instead of one kernel each.
   void broadcast_on(std::span<const BroadcastPiece> pieces, cudaStream_t stream, const char* what) {
     if (pieces.empty()) return;
-    std::vector<ncclDataType_t> types;
-    for (const BroadcastPiece& piece : pieces) {
-      types.push_back(checked_type(piece.data, what, true));
+    for (const BroadcastPiece& piece : pieces) {  // every check before the group opens
+      checked_type(piece.data, what, true);
       if (piece.root < 0 || piece.root >= world_.size)
         throw std::invalid_argument(fmt::format("{}: root rank {} of {} ranks", what, piece.root, world_.size));
     }
     check_call(ncclGroupStart(), "ncclGroupStart");
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      const Tensor& data = pieces[i].data;
-      const ncclResult_t queued =
-          ncclBroadcast(data.data, data.data, std::size_t(data.numel()), types[i], pieces[i].root, comm_, stream);
+    for (const BroadcastPiece& piece : pieces) {
+      const Tensor& data = piece.data;
+      const ncclResult_t queued = ncclBroadcast(data.data, data.data, std::size_t(data.numel()),
+                                                checked_type(data, what, true), piece.root, comm_, stream);
       if (queued != ncclSuccess && queued != ncclInProgress) {
         ncclGroupEnd();
         check_call(queued, "ncclBroadcast");
