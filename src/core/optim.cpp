@@ -55,7 +55,7 @@ AdamW::AdamW(Model& model, const OptimConfig& config, Communicator* shard_over)
   segments_ = segments_within(model.segments(), shard_begin_, shard_end_);
   // Sharded with a separate compute copy, the step gathers that copy; the masters the
   // forward reads (positional parameters) come from their shards' owners after it.
-  if (sharded() && model.compute_weights().data != model.parameters().data) {
+  if (sharded() && separate_compute()) {
     const std::int64_t shard = shard_end_ - shard_begin_;
     for (const auto& [begin, end] : model.master_read_ranges())
       for (std::int64_t first = begin; first < end;) {
