@@ -156,6 +156,19 @@ __device__ inline const __nv_bfloat16* a_columns(const __nv_bfloat16* tile, int 
   return tile + (k0 + lane % 8 + (lane / 16) * 8) * padded_stride(kWidth) + m0 + ((lane / 8) % 2) * 8;
 }
 
+// acc[n-block] += a · B over one 16-deep step for the kN output columns: load_b(b, n0) fetches
+// B's fragments of columns n0..n0+15 (two 8-column blocks). The inner loop of the products below.
+template <int kN, class LoadB>
+__device__ inline void mma_step(float (&acc)[kN / 8][4], const std::uint32_t (&a)[4], LoadB&& load_b) {
+#pragma unroll
+  for (int n0 = 0; n0 < kN; n0 += 16) {
+    std::uint32_t b[4];
+    load_b(b, n0);
+    mma_bf16(acc[n0 / 8], a, b[0], b[1]);
+    mma_bf16(acc[n0 / 8 + 1], a, b[2], b[3]);
+  }
+}
+
 // acc[n-block] += A · B over kDepth columns, A from a row-major shared tile (rows row0..+16),
 // B from a tile that stores it transposed (row n = column n of B), kN columns of output:
 // S = Q·Kᵀ and friends.
@@ -166,13 +179,7 @@ __device__ inline void mma_a_tile_b_rows(float (&acc)[kN / 8][4], const __nv_bfl
   for (int k0 = 0; k0 < kDepth; k0 += 16) {
     std::uint32_t a[4];
     load_matrix_x4(a, a_operand<kAStride>(a_tile, row0, k0));
-#pragma unroll
-    for (int n0 = 0; n0 < kN; n0 += 16) {
-      std::uint32_t b[4];
-      load_matrix_x4(b, b_rows<kBStride>(b_tile, n0, k0));
-      mma_bf16(acc[n0 / 8], a, b[0], b[1]);
-      mma_bf16(acc[n0 / 8 + 1], a, b[2], b[3]);
-    }
+    mma_step<kN>(acc, a, [&](std::uint32_t(&b)[4], int n0) { load_matrix_x4(b, b_rows<kBStride>(b_tile, n0, k0)); });
   }
 }
 
@@ -182,15 +189,10 @@ template <int kSteps, int kN, int kBStride>
 __device__ inline void mma_a_registers_b_columns(float (&acc)[kN / 8][4], const std::uint32_t (&a)[kSteps][4],
                                                  const __nv_bfloat16* b_tile) {
 #pragma unroll
-  for (int step = 0; step < kSteps; ++step) {
-#pragma unroll
-    for (int n0 = 0; n0 < kN; n0 += 16) {
-      std::uint32_t b[4];
+  for (int step = 0; step < kSteps; ++step)
+    mma_step<kN>(acc, a[step], [&](std::uint32_t(&b)[4], int n0) {
       load_matrix_x4_transposed(b, b_columns<kBStride>(b_tile, step * 16, n0));
-      mma_bf16(acc[n0 / 8], a[step], b[0], b[1]);
-      mma_bf16(acc[n0 / 8 + 1], a[step], b[2], b[3]);
-    }
-  }
+    });
 }
 
 // acc[n-block] += A · B over kDepth, A from a tile that stores it transposed (a_columns, rows
@@ -203,13 +205,9 @@ __device__ inline void mma_a_columns_b_columns(float (&acc)[kN / 8][4], const __
   for (int k0 = 0; k0 < kDepth; k0 += 16) {
     std::uint32_t a[4];
     load_matrix_x4_transposed(a, a_columns<kAStride>(a_tile, m0, k0));
-#pragma unroll
-    for (int n0 = 0; n0 < kN; n0 += 16) {
-      std::uint32_t b[4];
+    mma_step<kN>(acc, a, [&](std::uint32_t(&b)[4], int n0) {
       load_matrix_x4_transposed(b, b_columns<kBStride>(b_tile, k0, n0));
-      mma_bf16(acc[n0 / 8], a, b[0], b[1]);
-      mma_bf16(acc[n0 / 8 + 1], a, b[2], b[3]);
-    }
+    });
   }
 }
 
