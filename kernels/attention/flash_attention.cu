@@ -18,6 +18,7 @@
 #include "attention/flash_attention.cuh"
 #include "attention/kernel_launch.cuh"
 #include "attention/mma_tiles.cuh"
+#include "attention/wgmma.cuh"
 
 namespace pope::kernels {
 
@@ -77,29 +78,64 @@ __device__ inline float quad_max(float x) {
 
 // ---------------------------------------------------------------- forward
 
-// 128 query rows per CTA, 4 warps × 32 rows (two 16-row fragments): every B fragment of k̃ and
-// v loaded from shared memory feeds two mma, half the shared-memory traffic per product of
-// one 16-row warp, which is what bounds mma.sync here.
+// 128 query rows per CTA. mma.sync (sm_80 on): 4 warps × 32 rows (two 16-row fragments), so
+// every B fragment of k̃ and v loaded from shared memory feeds two mma, half the shared-memory
+// traffic per product of one 16-row warp, which is what bounds mma.sync here. wgmma (kWgmma,
+// sm_90a, d = 64): 2 warpgroups × 64 rows, 8 warps × 16 rows; the tensor cores read
+// k̃ and v straight from (swizzled) shared memory and P from registers. The softmax, bias and mask
+// code is shared: both keep a warp's rows in the m16n8 accumulator layout.
 constexpr int kForwardRows = 128;
-constexpr int kForwardFragments = 2;  // 16-row fragments per warp
-constexpr int kForwardWarps = kForwardRows / (16 * kForwardFragments);
-constexpr int kForwardThreads = kForwardWarps * kWarpSize;
-
-template <int kW, int kDv>
-struct ForwardLayout {
-  static constexpr int q = kForwardRows * padded_stride(kW);  // bf16 elements
-  static constexpr int k = kTile * padded_stride(kW);
-  static constexpr int v = kTile * padded_stride(kDv);
-  static constexpr int lag_slots = kForwardRows + kTile;
-  static constexpr std::size_t bytes = std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_slots * sizeof(float);
+template <bool kWgmma>
+struct ForwardShape {
+  static constexpr int fragments = kWgmma ? 1 : 2;  // 16-row fragments per warp
+  static constexpr int warps = kForwardRows / (16 * fragments);
+  static constexpr int threads = warps * kWarpSize;
 };
 
-template <int kW, int kDv>
-__global__ void __launch_bounds__(kForwardThreads, 2)
+template <int kW, int kDv, bool kWgmma>
+struct ForwardLayout {
+  static constexpr int q = kForwardRows * (kWgmma ? kW : padded_stride(kW));  // bf16 elements
+  static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));
+  static constexpr int v = kTile * (kWgmma ? kDv : padded_stride(kDv));
+  static constexpr int lag_slots = kForwardRows + kTile;
+  // wgmma: + 1024, the kernel rounds its shared memory's start up to a whole swizzle pattern.
+  static constexpr std::size_t bytes =
+      std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_slots * sizeof(float) + (kWgmma ? 1024 : 0);
+};
+
+// The dynamic shared memory, aligned for swizzled tiles when kWgmma (ForwardLayout's slack).
+template <bool kWgmma>
+__device__ inline unsigned char* tile_memory(unsigned char* shared) {
+  if constexpr (!kWgmma) return shared;
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared) + 1023) / 1024 * 1024);
+}
+
+// All threads of the block: rows [first, first + rows) of a kWidth-wide bf16 matrix into a
+// shared tile, padded (mma.sync) or swizzled (wgmma, kWidth = 64); rows ≥ count become zeros.
+template <int kWidth, bool kWgmma>
+__device__ void load_operand_tile_async(bf16* tile, const bf16* source, std::int64_t source_stride, int first,
+                                        int rows, int count) {
+  if constexpr (!kWgmma) {
+    load_tile_async<kWidth>(tile, source, source_stride, first, rows, count);
+  } else {
+    constexpr int kChunks = kWidth / 8;  // 16-byte pieces per row
+    for (int i = int(threadIdx.x); i < rows * kChunks; i += int(blockDim.x)) {
+      const int r = i / kChunks, chunk = i % kChunks, row = first + r;
+      const bool valid = row < count;
+      const bf16* from = valid ? source + std::int64_t(row) * source_stride + chunk * 8 : source;
+      copy_async_16(tile + wgmma::swizzled_index(rows, r, chunk * 8), from, valid);
+    }
+  }
+}
+
+template <int kW, int kDv, bool kWgmma>
+__global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse) {
-  using Layout = ForwardLayout<kW, kDv>;
+  if constexpr (kWgmma) wgmma::require_wgmma_code();
+  using Layout = ForwardLayout<kW, kDv, kWgmma>;
+  constexpr int kFragments = ForwardShape<kWgmma>::fragments;
   extern __shared__ __align__(16) unsigned char shared[];
-  bf16* q_tile = reinterpret_cast<bf16*>(shared);
+  bf16* q_tile = reinterpret_cast<bf16*>(tile_memory<kWgmma>(shared));
   bf16* k_tiles = q_tile + Layout::q;
   bf16* v_tiles = k_tiles + 2 * Layout::k;
   float* bias_slots = reinterpret_cast<float*>(v_tiles + 2 * Layout::v);
@@ -109,7 +145,9 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);  // longest blocks start first
   const int i0 = q_block * kForwardRows;
   const int warp = int(threadIdx.x) / kWarpSize, g = int(threadIdx.x) % kWarpSize / 4, quad = int(threadIdx.x) % 4;
-  const int warp_row0 = warp * 16 * kForwardFragments;  // this warp's first row in the tile
+  const int warp_row0 = warp * 16 * kFragments;  // this warp's first row in the tile
+  // wgmma: the warpgroup's first row (its 4 warps multiply together).
+  const int group_row0 = warp / 4 * 64;
   // Tile row of accumulator element e of fragment f, and column of element e of 8-column block nb.
   auto row_of = [&](int f, int e) { return warp_row0 + 16 * f + g + (e / 2) * 8; };
   auto column_of = [&](int nb, int e) { return nb * 8 + 2 * quad + (e & 1); };
@@ -118,96 +156,107 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
-    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
-    load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
+    load_operand_tile_async<kW, kWgmma>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
+    load_operand_tile_async<kDv, kWgmma>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
     if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(q_tile, head.q, kW, i0, kForwardRows, T);
+  load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kForwardRows, T);
   load_keys(0, 0);  // one group with the queries
 
-  float o[kForwardFragments][kDv / 8][4];
-  float row_max[kForwardFragments][2], row_sum[kForwardFragments][2];
+  float o[kFragments][kDv / 8][4];
+  float row_max[kFragments][2], row_sum[kFragments][2];
 #pragma unroll
-  for (int f = 0; f < kForwardFragments; ++f) {
+  for (int f = 0; f < kFragments; ++f) {
     clear(o[f]);
     row_max[f][0] = row_max[f][1] = -INFINITY;
     row_sum[f][0] = row_sum[f][1] = 0.0f;
   }
   const int key_end = i0 + kForwardRows < T ? i0 + kForwardRows : T;
   const int key_blocks = (key_end + kTile - 1) / kTile;
-  for_each_double_buffered(0, key_blocks, load_keys, [&](int kb, int stage) {
+  for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, [&](int kb, int stage) {
     const int j0 = kb * kTile;
 
-    // Tiles wholly above this warp's rows (the last one for the first warps) add nothing.
-    if (j0 <= i0 + warp_row0 + 16 * kForwardFragments - 1) {
-      const bf16* k_tile = k_tiles + stage * Layout::k;
-      const bf16* v_tile = v_tiles + stage * Layout::v;
-      float s[kForwardFragments][kScoreBlocks][4];
+    // Tiles wholly above the rows that multiply together (a warp's, or a warpgroup's) add nothing.
+    const int first_row = kWgmma ? group_row0 : warp_row0, rows = kWgmma ? 64 : 16 * kFragments;
+    if (j0 > i0 + first_row + rows - 1) return;
+    const bf16* k_tile = k_tiles + stage * Layout::k;
+    const bf16* v_tile = v_tiles + stage * Layout::v;
+    float s[kFragments][kScoreBlocks][4];
+    if constexpr (kWgmma) {
+#if defined(POPE_WGMMA)
+      wgmma::product_k_major<kW>(s[0], q_tile + group_row0 * 64, kForwardRows, k_tile, kTile);
+#endif
+    } else {
 #pragma unroll
-      for (int f = 0; f < kForwardFragments; ++f) clear(s[f]);
+      for (int f = 0; f < kFragments; ++f) clear(s[f]);
 #pragma unroll
       for (int k0 = 0; k0 < kW; k0 += 16) {
-        std::uint32_t a[kForwardFragments][4];
+        std::uint32_t a[kFragments][4];
 #pragma unroll
-        for (int f = 0; f < kForwardFragments; ++f) load_matrix_x4(a[f], a_operand<kW>(q_tile, warp_row0 + 16 * f, k0));
+        for (int f = 0; f < kFragments; ++f) load_matrix_x4(a[f], a_operand<kW>(q_tile, warp_row0 + 16 * f, k0));
 #pragma unroll
         for (int n0 = 0; n0 < kTile; n0 += 16) {
           std::uint32_t b[4];
           load_matrix_x4(b, b_rows<kW>(k_tile, n0, k0));
 #pragma unroll
-          for (int f = 0; f < kForwardFragments; ++f) {
+          for (int f = 0; f < kFragments; ++f) {
             mma_bf16(s[f][n0 / 8], a[f], b[0], b[1]);
             mma_bf16(s[f][n0 / 8 + 1], a[f], b[2], b[3]);
           }
         }
       }
-      // Only tiles reaching past this warp's first row need the causal mask.
-      const bool masked = j0 + kTile - 1 > i0 + warp_row0;
-      const float* slots = bias_slots + stage * Layout::lag_slots;
+    }
+    // Only tiles reaching past this warp's first row need the causal mask.
+    const bool masked = j0 + kTile - 1 > i0 + warp_row0;
+    const float* slots = bias_slots + stage * Layout::lag_slots;
 #pragma unroll
-      for (int f = 0; f < kForwardFragments; ++f)
+    for (int f = 0; f < kFragments; ++f)
 #pragma unroll
-        for (int nb = 0; nb < kScoreBlocks; ++nb)
+      for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = row_of(f, e), col = column_of(nb, e);
-            float x = s[f][nb][e] * scale_log2;
-            if (has_bias) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
-            s[f][nb][e] = masked && j0 + col > i0 + row ? -INFINITY : x;
-          }
-
-      // Online softmax per fragment row (r = 0: row g, r = 1: row g + 8). row_sum stays a
-      // per-lane partial sum until the end: the correction factor is the same on all four lanes.
-#pragma unroll
-      for (int f = 0; f < kForwardFragments; ++f)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float tile_max = -INFINITY;
-#pragma unroll
-          for (int nb = 0; nb < kScoreBlocks; ++nb)
-            tile_max = fmaxf(tile_max, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
-          const float new_max = fmaxf(row_max[f][r], quad_max(tile_max));
-          const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
-          const float correction = exp2f(row_max[f][r] - base);
-          row_max[f][r] = new_max;
-          float sum = 0.0f;
-#pragma unroll
-          for (int nb = 0; nb < kScoreBlocks; ++nb) {
-            s[f][nb][2 * r] = exp2f(s[f][nb][2 * r] - base);
-            s[f][nb][2 * r + 1] = exp2f(s[f][nb][2 * r + 1] - base);
-            sum += s[f][nb][2 * r] + s[f][nb][2 * r + 1];
-          }
-          row_sum[f][r] = row_sum[f][r] * correction + sum;
-#pragma unroll
-          for (int nb = 0; nb < kDv / 8; ++nb) {
-            o[f][nb][2 * r] *= correction;
-            o[f][nb][2 * r + 1] *= correction;
-          }
+        for (int e = 0; e < 4; ++e) {
+          const int row = row_of(f, e), col = column_of(nb, e);
+          float x = s[f][nb][e] * scale_log2;
+          if (has_bias) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
+          s[f][nb][e] = masked && j0 + col > i0 + row ? -INFINITY : x;
         }
-      std::uint32_t p[kForwardFragments][kScoreSteps][4];
+
+    // Online softmax per fragment row (r = 0: row g, r = 1: row g + 8). row_sum stays a
+    // per-lane partial sum until the end: the correction factor is the same on all four lanes.
 #pragma unroll
-      for (int f = 0; f < kForwardFragments; ++f) accumulators_to_operand(p[f], s[f]);
+    for (int f = 0; f < kFragments; ++f)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < kScoreBlocks; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
+        const float new_max = fmaxf(row_max[f][r], quad_max(tile_max));
+        const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
+        const float correction = exp2f(row_max[f][r] - base);
+        row_max[f][r] = new_max;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < kScoreBlocks; ++nb) {
+          s[f][nb][2 * r] = exp2f(s[f][nb][2 * r] - base);
+          s[f][nb][2 * r + 1] = exp2f(s[f][nb][2 * r + 1] - base);
+          sum += s[f][nb][2 * r] + s[f][nb][2 * r + 1];
+        }
+        row_sum[f][r] = row_sum[f][r] * correction + sum;
+#pragma unroll
+        for (int nb = 0; nb < kDv / 8; ++nb) {
+          o[f][nb][2 * r] *= correction;
+          o[f][nb][2 * r + 1] *= correction;
+        }
+      }
+    std::uint32_t p[kFragments][kScoreSteps][4];
+#pragma unroll
+    for (int f = 0; f < kFragments; ++f) accumulators_to_operand(p[f], s[f]);
+    if constexpr (kWgmma) {
+#if defined(POPE_WGMMA)
+      wgmma::accumulate_registers<kScoreSteps>(o[0], p[0], v_tile);
+#endif
+    } else {
 #pragma unroll
       for (int step = 0; step < kScoreSteps; ++step)
 #pragma unroll
@@ -215,7 +264,7 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
           std::uint32_t b[4];
           load_matrix_x4_transposed(b, b_columns<kDv>(v_tile, step * 16, n0));
 #pragma unroll
-          for (int f = 0; f < kForwardFragments; ++f) {
+          for (int f = 0; f < kFragments; ++f) {
             mma_bf16(o[f][n0 / 8], p[f][step], b[0], b[1]);
             mma_bf16(o[f][n0 / 8 + 1], p[f][step], b[2], b[3]);
           }
@@ -224,7 +273,7 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
   });
 
 #pragma unroll
-  for (int f = 0; f < kForwardFragments; ++f)
+  for (int f = 0; f < kFragments; ++f)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float total = quad_sum(row_sum[f][r]);
@@ -242,13 +291,17 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
 
 // ---------------------------------------------------------------- key gradients (dk̃, dv, Ĝ)
 
-template <int kW, int kDv, bool kAtomicDq>
+// wgmma (kWgmma, sm_90a, d = 64): the same warps form one warpgroup; the tiles are
+// swizzled (wgmma.cuh) and the five products run on wgmma — Sᵀ and dPᵀ with both operands in
+// shared memory, dv and dk̃ with Pᵀ, dSᵀ from registers, dq̃ (atomic mode) from dS in shared memory.
+template <int kW, int kDv, bool kAtomicDq, bool kWgmma>
 struct KeyGradLayout {
-  static constexpr int k = kTile * padded_stride(kW);  // bf16 elements
-  static constexpr int v = kTile * padded_stride(kDv);
-  static constexpr int q = kTile * padded_stride(kW);
-  static constexpr int dout = kTile * padded_stride(kDv);
-  static constexpr int ds = kAtomicDq ? kTile * padded_stride(kTile) : 0;  // dS, key-major, for dq̃
+  static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));  // bf16 elements
+  static constexpr int v = kTile * (kWgmma ? kDv : padded_stride(kDv));
+  static constexpr int q = kTile * (kWgmma ? kW : padded_stride(kW));
+  static constexpr int dout = kTile * (kWgmma ? kDv : padded_stride(kDv));
+  // dS, key-major, for dq̃
+  static constexpr int ds = kAtomicDq ? kTile * (kWgmma ? kTile : padded_stride(kTile)) : 0;
   static constexpr int tiles = k + v + 2 * q + 2 * dout + ds;
   // floats after the tiles: lse and D of two stages, bias slots of two stages, lag sums
   static constexpr int statistics = 2 * kTile + 2 * kTile + 2 * kLagSlots + kLagSlots;
@@ -257,8 +310,8 @@ struct KeyGradLayout {
   static constexpr int skew_rows = kTile / 2;
   static constexpr int skew_stride = kLagSlots + 4;
   static constexpr std::size_t bytes(bool bias_grad) {
-    return std::size_t(tiles) * sizeof(bf16) +
-           (statistics + (bias_grad ? skew_rows * skew_stride : 0)) * sizeof(float);
+    return std::size_t(tiles) * sizeof(bf16) + (statistics + (bias_grad ? skew_rows * skew_stride : 0)) * sizeof(float) +
+           (kWgmma ? 1024 : 0);  // tile_memory's alignment
   }
 };
 
@@ -275,12 +328,13 @@ __device__ inline void atomic_add_pair(float* address, float first, float second
 #endif
 }
 
-template <int kW, int kDv, bool kAtomicDq>
+template <int kW, int kDv, bool kAtomicDq, bool kWgmma>
 __global__ void __launch_bounds__(kThreads)
     flash_key_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
-  using Layout = KeyGradLayout<kW, kDv, kAtomicDq>;
+  if constexpr (kWgmma) wgmma::require_wgmma_code();
+  using Layout = KeyGradLayout<kW, kDv, kAtomicDq, kWgmma>;
   extern __shared__ __align__(16) unsigned char shared[];
-  bf16* k_tile = reinterpret_cast<bf16*>(shared);
+  bf16* k_tile = reinterpret_cast<bf16*>(tile_memory<kWgmma>(shared));
   bf16* v_tile = k_tile + Layout::k;
   bf16* q_tiles = v_tile + Layout::v;
   bf16* dout_tiles = q_tiles + 2 * Layout::q;
@@ -306,15 +360,15 @@ __global__ void __launch_bounds__(kThreads)
 
   auto load_queries = [&](int qb, int stage) {
     const int i0 = qb * kTile;
-    load_tile_async<kW>(q_tiles + stage * Layout::q, head.q, kW, i0, kTile, T);
-    load_tile_async<kDv>(dout_tiles + stage * Layout::dout, dout, head.channels, i0, kTile, T);
+    load_operand_tile_async<kW, kWgmma>(q_tiles + stage * Layout::q, head.q, kW, i0, kTile, T);
+    load_operand_tile_async<kDv, kWgmma>(dout_tiles + stage * Layout::dout, dout, head.channels, i0, kTile, T);
     stage_rows_async(lse_slots + stage * kTile, lse, i0, T);
     stage_rows_async(row_dot_slots + stage * kTile, row_dot, i0, T);
     if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(k_tile, head.k, kW, j0, kTile, T);
-  load_tile_async<kDv>(v_tile, head.v, head.row_stride, j0, kTile, T);
+  load_operand_tile_async<kW, kWgmma>(k_tile, head.k, kW, j0, kTile, T);
+  load_operand_tile_async<kDv, kWgmma>(v_tile, head.v, head.row_stride, j0, kTile, T);
   load_queries(key_block, 0);
 
   float dk[kW / 8][4], dv[kDv / 8][4];
@@ -331,7 +385,7 @@ __global__ void __launch_bounds__(kThreads)
   if (sums_lags)
     for (int x = int(threadIdx.x); x < Layout::skew_rows * Layout::skew_stride; x += kThreads) lag_skew[x] = 0.0f;
 
-  for_each_double_buffered(key_block, query_blocks, load_queries, [&](int qb, int stage) {
+  for_each_double_buffered<kWgmma>(key_block, query_blocks, load_queries, [&](int qb, int stage) {
     const int step = qb - key_block, i0 = qb * kTile;
 
     const bf16* q_tile = q_tiles + stage * Layout::q;
@@ -341,10 +395,17 @@ __global__ void __launch_bounds__(kThreads)
     const float* slots = bias_slots + stage * kLagSlots;
     // Sᵀ (rows: this warp's 16 keys, columns: 64 queries) and dPᵀ = V · doutᵀ.
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
-    clear(p);
-    clear(ds);
-    mma_a_tile_b_rows<kW, kTile, kW, kW>(p, k_tile, lane.warp * 16, q_tile);
-    mma_a_tile_b_rows<kDv, kTile, kDv, kDv>(ds, v_tile, lane.warp * 16, dout_tile);
+    if constexpr (kWgmma) {
+#if defined(POPE_WGMMA)
+      wgmma::product_k_major<kW>(p, k_tile, kTile, q_tile, kTile);
+      wgmma::product_k_major<kDv>(ds, v_tile, kTile, dout_tile, kTile);
+#endif
+    } else {
+      clear(p);
+      clear(ds);
+      mma_a_tile_b_rows<kW, kTile, kW, kW>(p, k_tile, lane.warp * 16, q_tile);
+      mma_a_tile_b_rows<kDv, kTile, kDv, kDv>(ds, v_tile, lane.warp * 16, dout_tile);
+    }
     const bool diagonal = qb == key_block;
 #pragma unroll
     for (int nb = 0; nb < kScoreBlocks; ++nb)
@@ -360,9 +421,24 @@ __global__ void __launch_bounds__(kThreads)
       }
     std::uint32_t a[kScoreSteps][4];
     accumulators_to_operand(a, p);
-    mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);  // dv += Pᵀ · dout
+    if constexpr (kWgmma) {  // dv += Pᵀ · dout
+#if defined(POPE_WGMMA)
+      wgmma::accumulate_registers<kScoreSteps>(dv, a, dout_tile);
+#endif
+    } else {
+      mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);
+    }
     accumulators_to_operand(a, ds);
-    mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
+    if constexpr (kWgmma) {  // dk̃ += dSᵀ · q̃ (scale at the end), one 64-column panel of q̃ at a time
+#if defined(POPE_WGMMA)
+#pragma unroll
+      for (int panel = 0; panel < kW / 64; ++panel)
+        wgmma::accumulate_registers<kScoreSteps>(reinterpret_cast<float(&)[8][4]>(dk[8 * panel]), a,
+                                                 q_tile + panel * kTile * 64);
+#endif
+    } else {
+      mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);
+    }
 
     if constexpr (kAtomicDq) {
       // dq̃ of this tile's 64 queries from its 64 keys: dS (rounded to bf16 as for dk̃) into
@@ -372,16 +448,28 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<std::uint32_t*>(ds_tile + lane.row(2 * r) * padded_stride(kTile) + lane.column(nb, 0)) =
-              pack_bf16(ds[nb][2 * r], ds[nb][2 * r + 1]);
+        for (int r = 0; r < 2; ++r) {
+          const int key = lane.row(2 * r), query = lane.column(nb, 0);
+          const int at = kWgmma ? wgmma::swizzled_index(kTile, key, query) : key * padded_stride(kTile) + query;
+          *reinterpret_cast<std::uint32_t*>(ds_tile + at) = pack_bf16(ds[nb][2 * r], ds[nb][2 * r + 1]);
+        }
+#if defined(POPE_WGMMA)
+      if constexpr (kWgmma) wgmma::fence_shared_for_async();
+#endif
       __syncthreads();
       const int query0 = lane.warp * 16;
 #pragma unroll
       for (int c0 = 0; c0 < kW; c0 += kDqChunk) {
         float dq[kDqChunk / 8][4];
-        clear(dq);
-        mma_a_columns_b_columns<kTile, kDqChunk, kTile, kW>(dq, ds_tile, query0, k_tile + c0);
+        if constexpr (kWgmma) {  // dS as the M-major A (rows: keys), k̃ as the N-major B
+#if defined(POPE_WGMMA)
+          static_assert(kDqChunk == 64, "a chunk is one panel of k̃");
+          wgmma::product_mn_major<kTile>(dq, ds_tile, k_tile + c0 / 64 * kTile * 64);
+#endif
+        } else {
+          clear(dq);
+          mma_a_columns_b_columns<kTile, kDqChunk, kTile, kW>(dq, ds_tile, query0, k_tile + c0);
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int t = i0 + query0 + lane.g + 8 * r;
@@ -471,22 +559,25 @@ __global__ void bias_grad_reduce_kernel(AttentionDims dims, const float* partial
 
 // ---------------------------------------------------------------- query gradients (dq̃)
 
-template <int kW, int kDv>
+template <int kW, int kDv, bool kWgmma>
 struct QueryGradLayout {
-  static constexpr int q = kTile * padded_stride(kW);  // bf16 elements
-  static constexpr int dout = kTile * padded_stride(kDv);
-  static constexpr int k = kTile * padded_stride(kW);
-  static constexpr int v = kTile * padded_stride(kDv);
-  static constexpr std::size_t bytes =
-      std::size_t(q + dout + 2 * k + 2 * v) * sizeof(bf16) + 2 * kLagSlots * sizeof(float);
+  static constexpr int q = kTile * (kWgmma ? kW : padded_stride(kW));  // bf16 elements
+  static constexpr int dout = kTile * (kWgmma ? kDv : padded_stride(kDv));
+  static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));
+  static constexpr int v = kTile * (kWgmma ? kDv : padded_stride(kDv));
+  static constexpr std::size_t bytes = std::size_t(q + dout + 2 * k + 2 * v) * sizeof(bf16) +
+                                       2 * kLagSlots * sizeof(float) + (kWgmma ? 1024 : 0);  // tile_memory's alignment
 };
 
-template <int kW, int kDv>
+// wgmma (kWgmma, sm_90a, d = 64): one warpgroup; S and dP with both operands in shared memory,
+// dq̃ from dS in registers and k̃ as the N-major operand.
+template <int kW, int kDv, bool kWgmma>
 __global__ void __launch_bounds__(kThreads)
     flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
-  using Layout = QueryGradLayout<kW, kDv>;
+  if constexpr (kWgmma) wgmma::require_wgmma_code();
+  using Layout = QueryGradLayout<kW, kDv, kWgmma>;
   extern __shared__ __align__(16) unsigned char shared[];
-  bf16* q_tile = reinterpret_cast<bf16*>(shared);
+  bf16* q_tile = reinterpret_cast<bf16*>(tile_memory<kWgmma>(shared));
   bf16* dout_tile = q_tile + Layout::q;
   bf16* k_tiles = dout_tile + Layout::dout;
   bf16* v_tiles = k_tiles + 2 * Layout::k;
@@ -502,13 +593,14 @@ __global__ void __launch_bounds__(kThreads)
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
-    load_tile_async<kW>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
-    load_tile_async<kDv>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
+    load_operand_tile_async<kW, kWgmma>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
+    load_operand_tile_async<kDv, kWgmma>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
     if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_tile_async<kW>(q_tile, head.q, kW, i0, kTile, T);
-  load_tile_async<kDv>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0, kTile, T);
+  load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kTile, T);
+  load_operand_tile_async<kDv, kWgmma>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0, kTile,
+                                       T);
   load_keys(0, 0);
 
   // This lane's two rows: lse in log2 units (+∞ past T, so that P is 0 there) and D.
@@ -523,16 +615,23 @@ __global__ void __launch_bounds__(kThreads)
   float dq[kW / 8][4];
   clear(dq);
   const int key_blocks = q_block + 1;
-  for_each_double_buffered(0, key_blocks, load_keys, [&](int kb, int stage) {
+  for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, [&](int kb, int stage) {
 
     const bf16* k_tile = k_tiles + stage * Layout::k;
     const bf16* v_tile = v_tiles + stage * Layout::v;
     const float* slots = bias_slots + stage * kLagSlots;
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
-    clear(p);
-    clear(ds);
-    mma_a_tile_b_rows<kW, kTile, kW, kW>(p, q_tile, lane.warp * 16, k_tile);        // S = q̃ · k̃ᵀ
-    mma_a_tile_b_rows<kDv, kTile, kDv, kDv>(ds, dout_tile, lane.warp * 16, v_tile);  // dP = dout · vᵀ
+    if constexpr (kWgmma) {
+#if defined(POPE_WGMMA)
+      wgmma::product_k_major<kW>(p, q_tile, kTile, k_tile, kTile);        // S = q̃ · k̃ᵀ
+      wgmma::product_k_major<kDv>(ds, dout_tile, kTile, v_tile, kTile);  // dP = dout · vᵀ
+#endif
+    } else {
+      clear(p);
+      clear(ds);
+      mma_a_tile_b_rows<kW, kTile, kW, kW>(p, q_tile, lane.warp * 16, k_tile);        // S = q̃ · k̃ᵀ
+      mma_a_tile_b_rows<kDv, kTile, kDv, kDv>(ds, dout_tile, lane.warp * 16, v_tile);  // dP = dout · vᵀ
+    }
     const bool diagonal = kb == q_block;
 #pragma unroll
     for (int nb = 0; nb < kScoreBlocks; ++nb)
@@ -546,7 +645,16 @@ __global__ void __launch_bounds__(kThreads)
       }
     std::uint32_t a[kScoreSteps][4];
     accumulators_to_operand(a, ds);
-    mma_a_registers_b_columns<kScoreSteps, kW, kW>(dq, a, k_tile);  // dq̃ += dS · k̃ (scale at the end)
+    if constexpr (kWgmma) {  // dq̃ += dS · k̃ (scale at the end), one 64-column panel of k̃ at a time
+#if defined(POPE_WGMMA)
+#pragma unroll
+      for (int panel = 0; panel < kW / 64; ++panel)
+        wgmma::accumulate_registers<kScoreSteps>(reinterpret_cast<float(&)[8][4]>(dq[8 * panel]), a,
+                                                 k_tile + panel * kTile * 64);
+#endif
+    } else {
+      mma_a_registers_b_columns<kScoreSteps, kW, kW>(dq, a, k_tile);
+    }
   });
 
   const float scale = in.score.scale;
@@ -581,6 +689,18 @@ cudaError_t with_widths(const AttentionDims& dims, Launch&& launch) {
   return cudaErrorInvalidValue;
 }
 
+// Whether the kernels for (W, d) run on wgmma: in sm_90a-only builds (POPE_CUDA_WGMMA, set by
+// CMake), for the widths the wgmma kernels take (d = 64: v and dout one swizzled panel).
+constexpr bool use_wgmma(int qk_width, int head_dim) {
+#ifdef POPE_CUDA_WGMMA
+  return head_dim == 64 && (qk_width == 64 || qk_width == 128);
+#else
+  static_cast<void>(qk_width);
+  static_cast<void>(head_dim);
+  return false;
+#endif
+}
+
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
 }  // namespace
@@ -602,8 +722,10 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
   if (!flash_attention_supports(dims, in)) return cudaErrorInvalidValue;
   return with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
-    return launch_with_shared<flash_forward_kernel<kW, kDv>>(tile_grid(dims, kForwardRows), kForwardThreads,
-                                                             ForwardLayout<kW, kDv>::bytes, stream, dims, in, out, lse);
+    constexpr bool kWgmma = use_wgmma(kW, kDv);
+    return launch_with_shared<flash_forward_kernel<kW, kDv, kWgmma>>(
+        tile_grid(dims, kForwardRows), ForwardShape<kWgmma>::threads, ForwardLayout<kW, kDv, kWgmma>::bytes, stream,
+        dims, in, out, lse);
   });
 }
 
@@ -616,18 +738,19 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
   if (status != cudaSuccess) return status;
   status = with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
+    constexpr bool kWgmma = use_wgmma(kW, kDv);
     if (!grads.deterministic) {  // dq̃ summed by atomic adds in the key kernel
       const std::size_t dq_bytes = std::size_t(dims.batch) * dims.n_head * dims.seq_len * kW * sizeof(float);
       const cudaError_t zeroed = cudaMemsetAsync(grads.dq, 0, dq_bytes, stream);
       if (zeroed != cudaSuccess) return zeroed;
-      return launch_with_shared<flash_key_grad_kernel<kW, kDv, true>>(
-          tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, true>::bytes(bias_grad), stream, dims, in, grads);
+      return launch_with_shared<flash_key_grad_kernel<kW, kDv, true, kWgmma>>(
+          tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, true, kWgmma>::bytes(bias_grad), stream, dims, in, grads);
     }
-    const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv, false>>(
-        tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, false>::bytes(bias_grad), stream, dims, in, grads);
+    const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv, false, kWgmma>>(
+        tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, false, kWgmma>::bytes(bias_grad), stream, dims, in, grads);
     if (keys != cudaSuccess) return keys;
-    return launch_with_shared<flash_query_grad_kernel<kW, kDv>>(tile_grid(dims), kThreads,
-                                                                QueryGradLayout<kW, kDv>::bytes, stream, dims, in, grads);
+    return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma>>(
+        tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads);
   });
   if (status != cudaSuccess || !bias_grad) return status;
   constexpr int kReduceThreads = 256;

@@ -56,7 +56,9 @@ __device__ inline void copy_async_wait() {
 // block b's copies and commits them as one group; the caller has already queued block `first`
 // into stage 0. body(b, stage) runs once block b has arrived for the whole CTA, and no stage is
 // overwritten before every thread is done with it. All threads of the block call this.
-template <class Load, class Body>
+// kAsyncProxyReads (sm_90): the body reads the tiles with wgmma, so each thread's copies are
+// made visible to the async proxy before the barrier.
+template <bool kAsyncProxyReads = false, class Load, class Body>
 __device__ __forceinline__ void for_each_double_buffered(int first, int end, Load&& load, Body&& body) {
   for (int b = first; b < end; ++b) {
     const int stage = (b - first) & 1;
@@ -66,6 +68,7 @@ __device__ __forceinline__ void for_each_double_buffered(int first, int end, Loa
     } else {
       copy_async_wait<0>();
     }
+    if constexpr (kAsyncProxyReads) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     body(b, stage);
     __syncthreads();  // the next iteration's loads overwrite this stage
