@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -515,7 +516,7 @@ class CudaBackend final : public Backend {
   void adamw(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
              const AdamWStep& step, Tensor compute_copy) override {
     constexpr std::string_view op = "adamw";
-    check_adamw_arena(op, params, grads, m, v, segments, step.beta1, step.beta2, compute_copy);
+    const AdamWTable& table = check_adamw_arena(op, params, grads, m, v, segments, step.beta1, step.beta2, compute_copy);
     require(step.step >= 1, op, fmt::format("step is {}, expected >= 1 (1-based for bias correction)", step.step));
 
     // The same fp32 scalars, computed the same way, as the CPU reference's float backend.
@@ -532,15 +533,15 @@ class CudaBackend final : public Backend {
     s.decay = s.lr * float(step.weight_decay);
     launched(kernels::adamw(params.as<float>(), grads.as<float>(), m.as<float>(), v.as<float>(),
                             compute_copy.empty() ? nullptr : bf16_data(compute_copy),
-                            static_cast<const kernels::AdamWChunk*>(adamw_chunk_table_.data()), adamw_chunk_count_,
-                            s, stream_),
+                            table.chunks(), table.count, s, stream_),
              op);
   }
 
   void adamw_guarded(Tensor params, Tensor grads, Tensor m, Tensor v, std::span<const ParamSegment> segments,
                      const AdamWHyper& hyper, Tensor schedule, Tensor stats, Tensor compute_copy) override {
     constexpr std::string_view op = "adamw_guarded";
-    check_adamw_arena(op, params, grads, m, v, segments, hyper.beta1, hyper.beta2, compute_copy);
+    const AdamWTable& table =
+        check_adamw_arena(op, params, grads, m, v, segments, hyper.beta1, hyper.beta2, compute_copy);
     check_vector(op, "schedule", schedule, DType::f64, kStepScheduleSize);
     check_vector(op, "stats", stats, DType::f64, kStepStatsSize);
     kernels::AdamWGuardSettings settings{};
@@ -555,9 +556,8 @@ class CudaBackend final : public Backend {
         adamw_guard_scratch_.reserve(sizeof(kernels::AdamWDeviceScalars)));
     launched(kernels::adamw_guarded(params.as<float>(), grads.as<float>(), m.as<float>(), v.as<float>(),
                                     compute_copy.empty() ? nullptr : bf16_data(compute_copy),
-                                    static_cast<const kernels::AdamWChunk*>(adamw_chunk_table_.data()),
-                                    adamw_chunk_count_, settings, schedule.as<double>(), stats.as<double>(), scratch,
-                                    stream_),
+                                    table.chunks(), table.count, settings, schedule.as<double>(), stats.as<double>(),
+                                    scratch, stream_),
              op);
   }
 
@@ -574,9 +574,17 @@ class CudaBackend final : public Backend {
     for (std::int64_t size : sizes) check_int_range(op, "a dimension", size);
   }
 
-  // Validates the arena, moments and segments of an AdamW call and makes sure the device
-  // chunk table describes `segments`.
-  void check_adamw_arena(std::string_view op, Tensor params, Tensor grads, Tensor m, Tensor v,
+  // The device chunk table of one list of segments (see adamw_table).
+  struct AdamWTable {
+    std::vector<ParamSegment> segments;
+    cuda::DeviceScratch table;
+    int count = 0;
+    const kernels::AdamWChunk* chunks() const { return static_cast<const kernels::AdamWChunk*>(table.data()); }
+  };
+
+  // Validates the arena, moments and segments of an AdamW call; returns the device chunk table
+  // of `segments`.
+  const AdamWTable& check_adamw_arena(std::string_view op, Tensor params, Tensor grads, Tensor m, Tensor v,
                          std::span<const ParamSegment> segments, double beta1, double beta2, Tensor compute_copy) {
     const std::int64_t total = params.numel();
     check_vector(op, "params", params, DType::f32, total);
@@ -590,23 +598,29 @@ class CudaBackend final : public Backend {
       require(segments[i].offset >= 0 && segments[i].numel >= 0 && segments[i].offset + segments[i].numel <= total, op,
               fmt::format("segment {} covers [{}, {}), outside the arena's {} elements", i, segments[i].offset,
                           segments[i].offset + segments[i].numel, total));
-    upload_adamw_chunks(segments);
+    return adamw_table(segments);
   }
 
-  // The chunk table lives on the device and is rebuilt only when the segments change.
-  void upload_adamw_chunks(std::span<const ParamSegment> segments) {
-    if (adamw_table_valid_ && same_segments(segments, adamw_segments_)) return;
+  // Chunk tables live on the device, one per list of segments seen (an optimizer updates its
+  // shard in up to four chunks, each with its own list), uploaded once: steady-state steps and
+  // CUDA graph capture make no copies, and a table is never freed while a queued or captured
+  // update may read it.
+  const AdamWTable& adamw_table(std::span<const ParamSegment> segments) {
+    for (const std::unique_ptr<AdamWTable>& known : adamw_tables_)
+      if (same_segments(segments, known->segments)) return *known;
     const std::vector<kernels::AdamWChunk> chunks = adamw_chunks(segments);
     check_int_range("adamw", "the number of 64Ki-element chunks", std::int64_t(chunks.size()));
-    void* table = adamw_chunk_table_.reserve(chunks.size() * sizeof(kernels::AdamWChunk));
+    auto entry = std::make_unique<AdamWTable>();
+    void* table = entry->table.reserve(chunks.size() * sizeof(kernels::AdamWChunk));
     if (!chunks.empty()) {
       POPE_CUDA_CHECK(cudaMemcpyAsync(table, chunks.data(), chunks.size() * sizeof(kernels::AdamWChunk),
                                       cudaMemcpyHostToDevice, stream_));
       POPE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `chunks` dies at return
     }
-    adamw_segments_.assign(segments.begin(), segments.end());
-    adamw_chunk_count_ = static_cast<int>(chunks.size());
-    adamw_table_valid_ = true;
+    entry->segments.assign(segments.begin(), segments.end());
+    entry->count = static_cast<int>(chunks.size());
+    adamw_tables_.push_back(std::move(entry));
+    return *adamw_tables_.back();
   }
 
   // Reads the record kernels fill on bad device-side input (after the stream has drained),
@@ -667,10 +681,8 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<cuda::CublasLtMatmul> matmul_;
   std::unique_ptr<cuda::AttentionRunner> attention_;
-  cuda::DeviceScratch embedding_scratch_, rmsnorm_scratch_, sum_scratch_, adamw_chunk_table_, adamw_guard_scratch_;
-  std::vector<ParamSegment> adamw_segments_;
-  int adamw_chunk_count_ = 0;
-  bool adamw_table_valid_ = false;
+  cuda::DeviceScratch embedding_scratch_, rmsnorm_scratch_, sum_scratch_, adamw_guard_scratch_;
+  std::vector<std::unique_ptr<AdamWTable>> adamw_tables_;
 };
 
 }  // namespace
