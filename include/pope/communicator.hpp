@@ -58,6 +58,9 @@ class Communicator {
   // Every rank's pieces[i].data = rank pieces[i].root's (f32, f64 or bf16), for all pieces as
   // one group; queued like all_reduce_sum. Every rank passes the same pieces (sizes, roots).
   virtual void broadcast(std::span<const BroadcastPiece> pieces) = 0;
+  // The same, queued like all_reduce_sum_async: on the communicator's own stream once the work
+  // queued on the backend so far has finished; the pieces must not be touched until join().
+  virtual void broadcast_async(std::span<const BroadcastPiece> pieces) = 0;
   // Waits for `fence` (recorded after collectives) while watching for failed ranks: throws
   // CommunicatorError when the communication failed or the fence is not reached within the
   // timeout, instead of blocking for ever.
@@ -82,6 +85,7 @@ class SingleProcessCommunicator final : public Communicator {
   void reduce_scatter_sum(Tensor) override {}
   void all_gather(Tensor) override {}
   void broadcast(std::span<const BroadcastPiece>) override {}
+  void broadcast_async(std::span<const BroadcastPiece>) override {}
   void wait(Fence& fence) override { fence.wait(); }
   void barrier() override {}
   void abort() noexcept override {}

@@ -79,7 +79,17 @@ class AdamW {
   std::int64_t shard_begin_ = 0, shard_end_ = 0;  // this rank's elements of the padded arena
   OwnedTensor m_, v_;
   OwnedTensor schedule_, stats_;  // for step(), which runs the device-side step eagerly
-  std::vector<ParamSegment> segments_;  // relative to shard_begin_, cut at the shard's edges
+  // This rank's shard in update order: elements [begin, end) of the shard, their segments
+  // (relative to begin) and, sharded, the chunk's gather: every rank's [begin, end) of its own
+  // shard of the weights the forward reads (the compute copy, or the masters where there is
+  // none), each from its owner. One chunk without sharding.
+  struct UpdateChunk {
+    std::int64_t begin = 0, end = 0;
+    std::vector<ParamSegment> segments;
+    std::vector<BroadcastPiece> gather;
+  };
+  static constexpr int kGatherChunks = 4;
+  std::vector<UpdateChunk> chunks_;
   std::vector<BroadcastPiece> master_pieces_;  // master_read_ranges() cut by shards, with owners
 };
 

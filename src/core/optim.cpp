@@ -52,11 +52,25 @@ AdamW::AdamW(Model& model, const OptimConfig& config, Communicator* shard_over)
     shard_begin_ = shard * shard_over->rank();
     shard_end_ = shard_begin_ + shard;
   }
-  segments_ = segments_within(model.segments(), shard_begin_, shard_end_);
-  // Sharded with a separate compute copy, the step gathers that copy; the masters the
-  // forward reads (positional parameters) come from their shards' owners after it.
+  // Sharded, the step gathers chunk by chunk what the forward reads: each chunk of every
+  // rank's shard is broadcast by its owner while the next chunk is updated. Chunk edges lie on
+  // multiples of 256 elements from the shard's start (the shards' own alignment is kept).
+  const std::int64_t shard = shard_end_ - shard_begin_;
+  const Tensor gathered = separate_compute() ? model.padded_compute_weights() : arena;
+  const int chunks = sharded() ? kGatherChunks : 1;
+  for (int c = 0; c < chunks; ++c) {
+    UpdateChunk chunk;
+    chunk.begin = c == 0 ? 0 : shard * c / chunks / 256 * 256;
+    chunk.end = c + 1 == chunks ? shard : shard * (c + 1) / chunks / 256 * 256;
+    if (chunk.end == chunk.begin) continue;
+    chunk.segments = segments_within(model.segments(), shard_begin_ + chunk.begin, shard_begin_ + chunk.end);
+    for (int r = 0; sharded() && r < shard_over_->size(); ++r)
+      chunk.gather.push_back({gathered.rows(r * shard + chunk.begin, r * shard + chunk.end), r});
+    chunks_.push_back(std::move(chunk));
+  }
+  // With a separate compute copy, the masters the forward reads (positional parameters) come
+  // from their shards' owners after the chunks.
   if (sharded() && separate_compute()) {
-    const std::int64_t shard = shard_end_ - shard_begin_;
     for (const auto& [begin, end] : model.master_read_ranges())
       for (std::int64_t first = begin; first < end;) {
         const int owner = int(first / shard);
@@ -86,10 +100,11 @@ std::array<double, kStepScheduleSize> AdamW::schedule(long step, double lr) cons
 // Sharded, the squared norm is the sum over ranks of each shard's sum (the padding adds
 // zeros), so every rank clips and guards with the same global norm. Each rank writes the
 // compute copy of its shard as it updates it, and the bf16 compute shards are gathered (half
-// the bytes of gathering fp32 masters); the few masters the forward reads in fp32 (positional
-// parameters) are broadcast by their owners. The other masters outside this rank's shard are
-// then stale until gather_master_weights() (checkpoints). Without a separate compute copy (the
-// CPU backend) the masters themselves are gathered.
+// the bytes of gathering fp32 masters), each chunk while the next is updated; the few masters
+// the forward reads in fp32 (positional parameters) are broadcast by their owners. The other
+// masters outside this rank's shard are then stale until gather_master_weights()
+// (checkpoints). Without a separate compute copy (the CPU backend) the masters themselves are
+// gathered the same way.
 void AdamW::step_on_device(Tensor schedule, Tensor stats, Fence* before_gather) {
   Backend& be = model_.backend();
   const Tensor grads = shard_of(model_.padded_gradients());
@@ -102,17 +117,18 @@ void AdamW::step_on_device(Tensor schedule, Tensor stats, Fence* before_gather) 
   hyper.eps = config_.eps;
   hyper.weight_decay = config_.weight_decay;
   hyper.grad_clip = config_.grad_clip;
-  const bool separate = separate_compute();
-  be.adamw_guarded(shard_of(model_.padded_parameters()), grads, m_.tensor, v_.tensor, segments_, hyper, schedule,
-                   stats, separate ? shard_of(model_.padded_compute_weights()) : Tensor{});
+  const Tensor params = shard_of(model_.padded_parameters());
+  const Tensor compute = separate_compute() ? shard_of(model_.padded_compute_weights()) : Tensor{};
+  for (const UpdateChunk& chunk : chunks_) {
+    const auto part = [&](const Tensor& t) { return t.data == nullptr ? t : t.rows(chunk.begin, chunk.end); };
+    be.adamw_guarded(part(params), part(grads), part(m_.tensor), part(v_.tensor), chunk.segments, hyper, schedule,
+                     stats, part(compute));
+    if (sharded()) shard_over_->broadcast_async(chunk.gather);
+  }
   if (before_gather != nullptr) before_gather->record();
   if (!sharded()) return;
-  if (separate) {
-    shard_over_->all_gather(model_.padded_compute_weights());
-    shard_over_->broadcast(master_pieces_);
-  } else {
-    shard_over_->all_gather(model_.padded_parameters());
-  }
+  shard_over_->join();
+  shard_over_->broadcast(master_pieces_);  // empty without a separate compute copy
 }
 
 void AdamW::gather_master_weights() {

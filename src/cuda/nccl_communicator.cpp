@@ -122,25 +122,12 @@ class NcclCommunicator final : public Communicator {
     settle(ncclAllGather(shard_pointer(data, shard), data.data, shard, type, comm_, stream_), "ncclAllGather");
   }
 
-  // One group: NCCL launches the pieces together instead of one kernel each.
-  void broadcast(std::span<const BroadcastPiece> pieces) override {
-    if (pieces.empty()) return;
-    for (const BroadcastPiece& piece : pieces) {  // every check before the group opens
-      checked_type(piece.data, "broadcast", true);
-      if (piece.root < 0 || piece.root >= world_.size)
-        throw std::invalid_argument(fmt::format("broadcast: root rank {} of {} ranks", piece.root, world_.size));
-    }
-    check_call(ncclGroupStart(), "ncclGroupStart");
-    for (const BroadcastPiece& piece : pieces) {
-      const Tensor& data = piece.data;
-      const ncclResult_t queued = ncclBroadcast(data.data, data.data, std::size_t(data.numel()),
-                                                checked_type(data, "broadcast", true), piece.root, comm_, stream_);
-      if (queued != ncclSuccess && queued != ncclInProgress) {
-        ncclGroupEnd();
-        check_call(queued, "ncclBroadcast");
-      }
-    }
-    settle(ncclGroupEnd(), "ncclBroadcast (grouped)");
+  void broadcast(std::span<const BroadcastPiece> pieces) override { broadcast_on(pieces, stream_, "broadcast"); }
+
+  // On the side stream, so that the backend's stream goes on meanwhile.
+  void broadcast_async(std::span<const BroadcastPiece> pieces) override {
+    side_stream_after_compute();
+    broadcast_on(pieces, side_stream_, "broadcast_async");
   }
 
 
@@ -169,6 +156,27 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // One group: NCCL launches the pieces together instead of one kernel each.
+  void broadcast_on(std::span<const BroadcastPiece> pieces, cudaStream_t stream, const char* what) {
+    if (pieces.empty()) return;
+    for (const BroadcastPiece& piece : pieces) {  // every check before the group opens
+      checked_type(piece.data, what, true);
+      if (piece.root < 0 || piece.root >= world_.size)
+        throw std::invalid_argument(fmt::format("{}: root rank {} of {} ranks", what, piece.root, world_.size));
+    }
+    check_call(ncclGroupStart(), "ncclGroupStart");
+    for (const BroadcastPiece& piece : pieces) {
+      const Tensor& data = piece.data;
+      const ncclResult_t queued = ncclBroadcast(data.data, data.data, std::size_t(data.numel()),
+                                                checked_type(data, what, true), piece.root, comm_, stream);
+      if (queued != ncclSuccess && queued != ncclInProgress) {
+        ncclGroupEnd();
+        check_call(queued, "ncclBroadcast");
+      }
+    }
+    settle(ncclGroupEnd(), "ncclBroadcast (grouped)");
+  }
+
   // The side stream waits for the backend's work so far, so that a reduction started on it
   // reads final gradients.
   void side_stream_after_compute() {

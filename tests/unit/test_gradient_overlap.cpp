@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -27,7 +28,7 @@ ModelConfig tiny_model() { return pope::testing::model_config({.n_layer = 3}, "p
 using Range = std::pair<std::int64_t, std::int64_t>;
 
 // Rank 0 of a pretend world of two that records its calls as element ranges of `base`'s
-// arena and sums nothing.
+// arena (the gradients' or the parameters') and sums nothing.
 class RecordingCommunicator final : public Communicator {
  public:
   explicit RecordingCommunicator(Tensor base) : base_(base) {}
@@ -45,20 +46,27 @@ class RecordingCommunicator final : public Communicator {
   void broadcast(std::span<const BroadcastPiece> pieces) override {
     for (const BroadcastPiece& piece : pieces) record(piece.data, whole);
   }
+  void broadcast_async(std::span<const BroadcastPiece> pieces) override {
+    for (const BroadcastPiece& piece : pieces) {
+      if (record(piece.data, overlapped)) broadcast_roots.push_back(piece.root);
+    }
+  }
   void wait(Fence& fence) override { fence.wait(); }
   void barrier() override {}
   void abort() noexcept override {}
 
   std::vector<Range> overlapped, whole;  // ranges of the gradient arena
   std::vector<int> roots;                 // of the reduce_sum_async calls, in order
+  std::vector<int> broadcast_roots;       // of the broadcast_async pieces recorded, in order
   int joins = 0;
 
  private:
-  void record(const Tensor& data, std::vector<Range>& into) {
+  bool record(const Tensor& data, std::vector<Range>& into) {
     const std::ptrdiff_t bytes = static_cast<const char*>(data.data) - static_cast<const char*>(base_.data);
     const auto size = std::ptrdiff_t(dtype_size(base_.dtype));
-    if (bytes < 0 || bytes >= std::ptrdiff_t(base_.nbytes())) return;  // the loss sum, the stop votes
+    if (bytes < 0 || bytes >= std::ptrdiff_t(base_.nbytes())) return false;  // the loss sum, the stop votes
     into.emplace_back(bytes / size, bytes / size + data.numel());
+    return true;
   }
   Tensor base_;
 };
@@ -196,8 +204,42 @@ TEST(GradientOverlap, WithZeroOneEachBucketIsReducedToTheOwnersOfItsShards) {
     split_at_edge = split_at_edge || begin == shard;
   }
   EXPECT_TRUE(split_at_edge) << "the shard edge lies inside a layer, so one range must start there";
-  EXPECT_EQ(communicator.joins, 1);
+  EXPECT_EQ(communicator.joins, 2) << "one after the buckets, one after the optimizer's gather";
   EXPECT_TRUE(communicator.whole.empty()) << "no reduce-scatter after the buckets";
+}
+
+// The updated weights come back in chunks, each broadcast by the shard's owner as soon as it is
+// updated: per chunk one piece per rank, at the same place in each shard, together covering the
+// padded arena once (without a separate compute copy, as here, the masters themselves).
+TEST(GradientOverlap, WithZeroOneTheUpdatedShardsAreBroadcastChunkByChunkByTheirOwners) {
+  auto backend = make_backend("cpu", "float", 1);
+  Model model(tiny_model(), *backend, 2);
+  model.initialize(3);
+  const std::int64_t padded = model.padded_parameters().numel(), shard = padded / 2;
+  const int B = 2, T = 8;
+  const auto tokens = random_tokens(std::size_t(B) * T, 1), targets = random_tokens(tokens.size(), 2);
+  RecordingCommunicator communicator(model.padded_parameters());
+  AdamW adamw(model, OptimConfig{}, &communicator);
+  TrainStep step(model, adamw, TrainStepShape{1, B, T, 1.0 / (B * T)}, false, &communicator, 1);
+  step.enqueue(tokens, targets, 1, 1e-3);
+  step.result(1);
+
+  const std::vector<Range>& pieces = communicator.overlapped;
+  ASSERT_EQ(pieces.size(), 8u) << "four chunks, one piece per rank each";
+  ASSERT_EQ(communicator.broadcast_roots.size(), pieces.size());
+  std::vector<Range> sorted = pieces;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted.front().first, 0);
+  EXPECT_EQ(sorted.back().second, padded);
+  for (std::size_t i = 1; i < sorted.size(); ++i) EXPECT_EQ(sorted[i].first, sorted[i - 1].second) << "piece " << i;
+  for (std::size_t i = 0; i < pieces.size(); i += 2) {
+    EXPECT_EQ(communicator.broadcast_roots[i], 0);
+    EXPECT_EQ(communicator.broadcast_roots[i + 1], 1);
+    EXPECT_EQ(pieces[i + 1].first, pieces[i].first + shard) << "chunk " << i / 2 << ": the same place in each shard";
+    EXPECT_EQ(pieces[i + 1].second, pieces[i].second + shard);
+    EXPECT_LE(pieces[i].second, shard);
+    EXPECT_EQ(pieces[i].first % 256, 0);
+  }
 }
 
 TEST(GradientOverlap, BucketsRefuseRangesOutOfBackwardOrderAndAnIncompleteCover) {

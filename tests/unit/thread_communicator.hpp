@@ -73,6 +73,7 @@ class ThreadCommunicator final : public Communicator {
       world_->sync.arrive_and_wait();
     }
   }
+  void broadcast_async(std::span<const BroadcastPiece> pieces) override { broadcast(pieces); }
 
   void wait(Fence& fence) override { fence.wait(); }
   void barrier() override { world_->sync.arrive_and_wait(); }
