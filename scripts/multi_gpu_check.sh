@@ -12,11 +12,15 @@
 #      overlapped all-reduce without ZeRO-1, ZeRO-1's reduce-scatter after the backward), and the
 #      device time per step phase of 774M RoPE on 1 and 2 GPUs (train.phase_timing).
 # Prints a table last. Logs go to $OUT (or /tmp/pope_multi_gpu).
-# Usage: scripts/multi_gpu_check.sh [--scaling-only] [scaling steps (default 20)]
+# Usage: scripts/multi_gpu_check.sh [--scaling-only | --no-faults] [scaling steps (default 20)]
+#   --scaling-only  section 3 alone;  --no-faults  sections 1 and 3 (the fault runs take minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SCALING_ONLY=0
-if [ "${1:-}" = "--scaling-only" ]; then SCALING_ONLY=1; shift; fi
+SCALING_ONLY=0 FAULTS=1
+case "${1:-}" in
+  --scaling-only) SCALING_ONLY=1 FAULTS=0; shift ;;
+  --no-faults) FAULTS=0; shift ;;
+esac
 STEPS="${1:-20}"
 LOGS="${OUT:-/tmp/pope_multi_gpu}"
 RUNS=/tmp/pope_multi_gpu_runs
@@ -102,6 +106,7 @@ row "parity pope: 1 GPU vs env launch, file rendezvous (exit$rcs)" \
   "$(python3 scripts/compare_runs.py "$RUNS/one_pope" "$RUNS/env_pope" 2>&1)"
 
 # ---- 2. faults -------------------------------------------------------------------------
+if [ "$FAULTS" = 1 ]; then
 LONG=(--config configs/small_cpu.json --device cuda --set train.steps=100000 --set train.log_every=1
       --set train.eval_every=0 --set train.checkpoint_every=0 --set train.batch_size=16)  # 8 × 2 ranks
 wait_for_step() {  # run dir, step: waits (≤ 120 s) until metrics.jsonl logs that step
@@ -156,6 +161,7 @@ kill -TERM "$launcher"
 wait_bounded "$launcher" 120; rc=$RC
 row "SIGTERM to mpirun" "exit $rc, checkpoint: $(ls "$RUNS/sigterm_mpi/checkpoints" 2>/dev/null | tail -1 || echo none)"
 
+fi  # faults
 fi  # not --scaling-only
 
 # ---- 3. scaling ------------------------------------------------------------------------
