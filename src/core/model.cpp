@@ -16,8 +16,10 @@ namespace pope {
 namespace {
 
 // Rows of the classifier processed at once: bounds the logits buffer to rows × padded vocab
-// (the full B·T × V matrix is never stored).
-constexpr int kClassifierRows = 1024;
+// (the full B·T × V matrix is never stored; 4,096 × 50,304 is 0.8 GB in fp32 for evaluation,
+// 0.4 GB in bf16 for training). Fewer, larger chunks keep the three classifier GEMMs efficient:
+// at 1,024 rows the weight gradient's K was 1,024.
+constexpr int kClassifierRows = 4096;
 
 // Logits of passes without a backward (evaluation) are at least fp32: on a bf16 backend the
 // classifier GEMM then stores its fp32-accumulated product unrounded and the log-softmax reads

@@ -332,3 +332,27 @@ TEST(ModelRecompute, GradientsAreBitwiseTheSame) {
   EXPECT_EQ(grads[0], grads[1]);
   EXPECT_GT(std::count_if(grads[0].begin(), grads[0].end(), [](float g) { return g != 0.0f; }), 100);
 }
+
+// The classifier runs over row chunks (4,096 rows): the per-token losses on both sides of a
+// chunk edge are those of the logits of their own rows.
+TEST(ModelClassifier, TokenLossesAcrossChunkEdgesMatchTheirRowsLogits) {
+  auto backend = make_backend("cpu", "float", 1);
+  const ModelConfig config = tiny_model("rope");
+  Model model(config, *backend);
+  model.initialize(5);
+  const int B = 700, T = config.context_length;  // 5,600 rows: two chunks
+  Rng rng(9);
+  const auto tokens = random_tokens(rng, B * T, config.vocab_size), targets = random_tokens(rng, B * T, config.vocab_size);
+  std::vector<float> losses(std::size_t(B) * T);
+  model.forward(tokens.data(), targets.data(), B, T, losses.data());
+  const std::vector<std::int64_t> rows{0, 4095, 4096, 4097, B * T - 1};
+  const std::vector<float> logits = model.logits_at(tokens.data(), B, T, rows);
+  const std::size_t V = std::size_t(config.vocab_size);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const float* row = logits.data() + i * V;
+    double peak = *std::max_element(row, row + V), sum = 0.0;
+    for (std::size_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - peak);
+    const double nll = peak + std::log(sum) - row[std::size_t(targets[std::size_t(rows[i])])];
+    EXPECT_NEAR(losses[std::size_t(rows[i])], nll, 1e-4 * std::max(1.0, nll)) << "row " << rows[i];
+  }
+}
