@@ -397,8 +397,10 @@ __global__ void __launch_bounds__(kThreads)
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
     if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
-      wgmma::product_k_major<kW>(p, k_tile, kTile, q_tile, kTile);
-      wgmma::product_k_major<kDv>(ds, v_tile, kTile, dout_tile, kTile);
+      wgmma::begin();  // both products in one batch
+      wgmma::issue_k_major<kW>(p, k_tile, kTile, q_tile, kTile);
+      wgmma::issue_k_major<kDv>(ds, v_tile, kTile, dout_tile, kTile);
+      wgmma::complete(p, ds);
 #endif
     } else {
       clear(p);
@@ -421,23 +423,24 @@ __global__ void __launch_bounds__(kThreads)
       }
     std::uint32_t a[kScoreSteps][4];
     accumulators_to_operand(a, p);
-    if constexpr (kWgmma) {  // dv += Pᵀ · dout
+    if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
-      wgmma::accumulate_registers<kScoreSteps>(dv, a, dout_tile);
-#endif
-    } else {
-      mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);
-    }
-    accumulators_to_operand(a, ds);
-    if constexpr (kWgmma) {  // dk̃ += dSᵀ · q̃ (scale at the end), one 64-column panel of q̃ at a time
-#if defined(POPE_WGMMA)
+      // One batch: dv += Pᵀ · dout and dk̃ += dSᵀ · q̃ (scale at the end), one 64-column panel of
+      // q̃ at a time; both A fragments exist before it starts.
+      std::uint32_t a_ds[kScoreSteps][4];
+      accumulators_to_operand(a_ds, ds);
+      wgmma::begin();
+      wgmma::issue_registers<kScoreSteps>(dv, a, dout_tile);
 #pragma unroll
       for (int panel = 0; panel < kW / 64; ++panel)
-        wgmma::accumulate_registers<kScoreSteps>(reinterpret_cast<float(&)[8][4]>(dk[8 * panel]), a,
-                                                 q_tile + panel * kTile * 64);
+        wgmma::issue_registers<kScoreSteps>(reinterpret_cast<float(&)[8][4]>(dk[8 * panel]), a_ds,
+                                            q_tile + panel * kTile * 64);
+      wgmma::complete(dv, dk, a, a_ds);
 #endif
     } else {
-      mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);
+      mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);  // dv += Pᵀ · dout
+      accumulators_to_operand(a, ds);
+      mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
     }
 
     if constexpr (kAtomicDq) {
@@ -623,8 +626,10 @@ __global__ void __launch_bounds__(kThreads)
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
     if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
-      wgmma::product_k_major<kW>(p, q_tile, kTile, k_tile, kTile);        // S = q̃ · k̃ᵀ
-      wgmma::product_k_major<kDv>(ds, dout_tile, kTile, v_tile, kTile);  // dP = dout · vᵀ
+      wgmma::begin();  // both products in one batch
+      wgmma::issue_k_major<kW>(p, q_tile, kTile, k_tile, kTile);        // S = q̃ · k̃ᵀ
+      wgmma::issue_k_major<kDv>(ds, dout_tile, kTile, v_tile, kTile);  // dP = dout · vᵀ
+      wgmma::complete(p, ds);
 #endif
     } else {
       clear(p);
@@ -645,12 +650,14 @@ __global__ void __launch_bounds__(kThreads)
       }
     std::uint32_t a[kScoreSteps][4];
     accumulators_to_operand(a, ds);
-    if constexpr (kWgmma) {  // dq̃ += dS · k̃ (scale at the end), one 64-column panel of k̃ at a time
+    if constexpr (kWgmma) {  // dq̃ += dS · k̃ (scale at the end), one 64-column panel of k̃ at a time, one batch
 #if defined(POPE_WGMMA)
+      wgmma::begin();
 #pragma unroll
       for (int panel = 0; panel < kW / 64; ++panel)
-        wgmma::accumulate_registers<kScoreSteps>(reinterpret_cast<float(&)[8][4]>(dq[8 * panel]), a,
-                                                 k_tile + panel * kTile * 64);
+        wgmma::issue_registers<kScoreSteps>(reinterpret_cast<float(&)[8][4]>(dq[8 * panel]), a,
+                                            k_tile + panel * kTile * 64);
+      wgmma::complete(dq, a);
 #endif
     } else {
       mma_a_registers_b_columns<kScoreSteps, kW, kW>(dq, a, k_tile);

@@ -75,12 +75,21 @@ namespace detail {
 __device__ inline void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Keeps the compiler from moving accumulator reads or writes across the wait.
-__device__ inline void fence_operands(float (&d)[8][4]) {
+// Keeps the compiler from moving accumulator reads or writes across the wait, and A register
+// fragments, which the tensor cores read until then, alive and unchanged up to it.
+template <int kBlocks>
+__device__ inline void fence_operands(float (&d)[kBlocks][4]) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < kBlocks; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+template <int kSteps>
+__device__ inline void fence_operands(std::uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
 }
 
 #define POPE_WGMMA_D32                                                                                            \
@@ -115,45 +124,68 @@ __device__ inline void m64n64k16_registers(float (&d)[8][4], const std::uint32_t
 #undef POPE_WGMMA_D32_OPERANDS
 }  // namespace detail
 
-// The warpgroup's products, each complete when it returns (issued, committed and waited for).
+// The warpgroup's products. A batch is begin(), one or more issue_* calls, then
+// complete(operands…) with every accumulator issued into and every A register fragment
+// issued from: the tensor cores run the batch's products back to back and the warpgroup waits
+// once. Until complete() those operands must not be read or written (A fragments computed
+// before begin()).
+__device__ inline void begin() { detail::fence(); }
+
+template <class... Accumulators>
+__device__ inline void complete(Accumulators&... accumulators) {
+  detail::commit();
+  detail::wait_all();
+  (detail::fence_operands(accumulators), ...);
+}
+
 // acc = A · Bᵀ over kDepth: A (this warpgroup's 64 rows) and B (64 rows) K-major tiles of
 // a_rows and b_rows rows.
 template <int kDepth>
-__device__ inline void product_k_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, int a_rows,
-                                       const __nv_bfloat16* b_tile, int b_rows) {
-  detail::fence();
+__device__ inline void issue_k_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, int a_rows,
+                                     const __nv_bfloat16* b_tile, int b_rows) {
 #pragma unroll
   for (int k0 = 0; k0 < kDepth; k0 += 16)
     detail::m64n64k16<0, 0>(acc, k_major(a_tile, a_rows, k0), k_major(b_tile, b_rows, k0), k0 > 0);
-  detail::commit();
-  detail::wait_all();
-  detail::fence_operands(acc);
 }
 
 // acc = A · B over kDepth rows of K: A M-major (tile rows: K, columns: this warpgroup's 64 rows),
 // B N-major (tile rows: K, columns: 64 of N).
 template <int kDepth>
-__device__ inline void product_mn_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, const __nv_bfloat16* b_tile) {
-  detail::fence();
+__device__ inline void issue_mn_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, const __nv_bfloat16* b_tile) {
 #pragma unroll
   for (int k0 = 0; k0 < kDepth; k0 += 16)
     detail::m64n64k16<1, 1>(acc, mn_major(a_tile, k0), mn_major(b_tile, k0), k0 > 0);
-  detail::commit();
-  detail::wait_all();
-  detail::fence_operands(acc);
 }
 
 // acc += A · B: A in registers (kSteps k16 fragments of this warp's 16 rows), B N-major (tile
 // rows: K, columns: 64 of N).
 template <int kSteps>
-__device__ inline void accumulate_registers(float (&acc)[8][4], const std::uint32_t (&a)[kSteps][4],
-                                            const __nv_bfloat16* b_tile) {
-  detail::fence();
+__device__ inline void issue_registers(float (&acc)[8][4], const std::uint32_t (&a)[kSteps][4],
+                                       const __nv_bfloat16* b_tile) {
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) detail::m64n64k16_registers(acc, a[step], mn_major(b_tile, 16 * step));
-  detail::commit();
-  detail::wait_all();
-  detail::fence_operands(acc);
+}
+
+// Single products, complete when they return.
+template <int kDepth>
+__device__ inline void product_k_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, int a_rows,
+                                       const __nv_bfloat16* b_tile, int b_rows) {
+  begin();
+  issue_k_major<kDepth>(acc, a_tile, a_rows, b_tile, b_rows);
+  complete(acc);
+}
+template <int kDepth>
+__device__ inline void product_mn_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, const __nv_bfloat16* b_tile) {
+  begin();
+  issue_mn_major<kDepth>(acc, a_tile, b_tile);
+  complete(acc);
+}
+template <int kSteps>
+__device__ inline void accumulate_registers(float (&acc)[8][4], std::uint32_t (&a)[kSteps][4],
+                                            const __nv_bfloat16* b_tile) {
+  begin();
+  issue_registers<kSteps>(acc, a, b_tile);
+  complete(acc, a);
 }
 #endif  // POPE_WGMMA
 
