@@ -10,6 +10,7 @@
 // gradient Ĝ), at T = 16384 against the simple kernels, and for bitwise determinism.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -704,8 +705,8 @@ const std::vector<std::pair<int, int>> kFlashWidths{{64, 64}, {128, 64}, {128, 1
 
 std::string flash_case_name(const ::testing::TestParamInfo<std::tuple<std::pair<int, int>, int, bool>>& info) {
   const std::pair<int, int> widths = std::get<0>(info.param);
-  return "W" + std::to_string(widths.first) + "_d" + std::to_string(widths.second) + "_T" +
-         std::to_string(std::get<1>(info.param)) + (std::get<2>(info.param) ? "" : "_atomic_dq");
+  return fmt::format("W{}_d{}_T{}{}", widths.first, widths.second, std::get<1>(info.param),
+                     std::get<2>(info.param) ? "" : "_atomic_dq");
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, FlashKernels,
