@@ -18,22 +18,21 @@ namespace pope::kernels {
 // cudaGetDevice.
 template <auto kKernel, class... Args>
 cudaError_t launch_with_shared(dim3 grid, int threads, std::size_t shared_bytes, cudaStream_t stream, Args... args) {
-  static std::array<std::atomic<std::size_t>, 64> shared_limit_per_device{};
+  static std::array<std::atomic<std::size_t>, 64> shared_limit_per_device{};  // more GPUs than any node has
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
-  // Devices past the table's end raise the limit at every launch: correct, only slower.
-  std::atomic<std::size_t>* remembered =
-      device < int(shared_limit_per_device.size()) ? &shared_limit_per_device[std::size_t(device)] : nullptr;
-  if (remembered == nullptr || shared_bytes > remembered->load()) {
+  if (device < 0 || device >= int(shared_limit_per_device.size())) return cudaErrorInvalidDevice;
+  std::atomic<std::size_t>& remembered = shared_limit_per_device[std::size_t(device)];
+  if (shared_bytes > remembered.load()) {
     // Serialised so that a smaller limit set by one thread never undoes a larger one that another
     // thread's launch on the same device relies on.
     static std::mutex raising;
     const std::lock_guard<std::mutex> lock(raising);
-    if (remembered == nullptr || shared_bytes > remembered->load()) {
+    if (shared_bytes > remembered.load()) {
       status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
       if (status != cudaSuccess) return status;
-      if (remembered != nullptr) remembered->store(shared_bytes);
+      remembered.store(shared_bytes);
     }
   }
   kKernel<<<grid, threads, shared_bytes, stream>>>(args...);
