@@ -161,7 +161,7 @@ void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDi
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad;
+  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, phases;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias;
 
@@ -185,6 +185,7 @@ struct AttentionRunner::Scratch {
       plan.kind = QkTransformKind::rope;
       plan.rotary_pairs = static_cast<int>(theta.size());
       plan.frequencies = frequencies.upload(theta, stream);
+      plan.phases = tabulate_phases(plan, ctx, stream);
       return plan;
     }
     if (const auto* pope = dynamic_cast<const PopeEncoding*>(&encoding)) {
@@ -192,6 +193,7 @@ struct AttentionRunner::Scratch {
       plan.frequencies = frequencies.upload(pope->frequencies(ctx.head_dim), stream);
       plan.magnitude = device_magnitude(pope->magnitude());
       plan.delta = params.empty() ? nullptr : params.front();  // no δ parameter: the "no δ" ablation
+      plan.phases = tabulate_phases(plan, ctx, stream);
       return plan;
     }
     if (const auto* pj = dynamic_cast<const PjRotaryEncoding*>(&encoding)) {
@@ -206,6 +208,14 @@ struct AttentionRunner::Scratch {
         fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi, "
                     "pj_rotary and the PJ-RoPE methods)",
                     op, encoding.kind()));
+  }
+
+  // The call's phase table (kernels::fill_phase_table): T × width angles evaluated once
+  // instead of once per element of q and k.
+  const float2* tabulate_phases(const QkTransformParams& plan, const PositionContext& ctx, cudaStream_t stream) {
+    auto* table = reserve_elements<float2>(phases, kernels::phase_table_entries(plan, ctx.seq_len, ctx.head_dim));
+    POPE_CUDA_CHECK(kernels::fill_phase_table(plan, ctx.seq_len, ctx.head_dim, table, stream));
+    return table;
   }
 
   // Score scale and, for encodings with a score bias, the [n_head, T] table b_h(Δ).
@@ -276,7 +286,7 @@ std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
   std::size_t total = s.frequencies.bytes() + s.bias.bytes();
   for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
-                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad})
+                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.phases})
     total += block->bytes();
   return total;
 }
