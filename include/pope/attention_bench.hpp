@@ -1,6 +1,7 @@
 // pope-bench attention: forward, backward and forward+backward time of the CUDA causal
-// attention (the encoding's q/k transform included) per positional encoding and sequence
-// length at a fixed number of tokens B·T, and the TFLOP/s that time implies.
+// attention (the encoding's q/k transform included; the backward reads the q̃, k̃ the forward
+// kept, as the model does) per positional encoding and sequence length at a fixed number of
+// tokens B·T, and the TFLOP/s that time implies.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

@@ -43,6 +43,10 @@ struct AttentionForward {
   Tensor out;                     // [N, C]
   Tensor lse;                     // [B, H, T]; saved for the backward
   std::span<const Tensor> position_params;
+  // Optional: Backend::attention_encoded_numel elements of the activation dtype where the
+  // backend keeps what it derives from qkv (the encoded q̃, k̃) for the backward, which then
+  // need not derive it again. Empty: nothing kept.
+  Tensor encoded;
 };
 
 struct AttentionBackward {
@@ -56,6 +60,9 @@ struct AttentionBackward {
   // false lets a backend trade bitwise repeatability for speed (the CUDA fused kernels add dq
   // with atomic adds); the CPU backend is deterministic either way.
   bool deterministic = true;
+  // The forward's `encoded`, untouched since that forward with the same qkv and position
+  // parameters; empty: derived again.
+  Tensor encoded;
 };
 
 // One contiguous run of the parameter arena with its weight-decay flag.
@@ -199,6 +206,13 @@ class Backend {
   // Causal attention with the encoding's transform, bias and scale.
   virtual void attention_forward(const AttentionForward& args) = 0;
   virtual void attention_backward(const AttentionBackward& args) = 0;
+  // Elements (activation dtype) of AttentionForward::encoded that this backend can keep for the
+  // backward of one such call; 0: it keeps nothing (the CPU backend).
+  virtual std::int64_t attention_encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) const {
+    static_cast<void>(shape);
+    static_cast<void>(encoding);
+    return 0;
+  }
 
   // Softmax cross-entropy over the first `vocab_size` columns of logits [N, Vp] (padded
   // columns excluded). losses[n] = −log p(targets[n]); targets < 0 are masked (loss 0, no

@@ -30,6 +30,7 @@ struct GroupSite {
   int h;
   std::int64_t encoded;  // offset of the encoded row ((b·H + h)·T + t)·qk_width
   std::int64_t qkv;      // offset of the head's q or k columns in row n of qkv
+  int t;                 // row of the call
   double position;       // absolute position of t
 };
 
@@ -46,6 +47,7 @@ __device__ GroupSite site_of(std::int64_t index, const AttentionDims& dims, int 
   const std::int64_t channels = std::int64_t(H) * d;
   site.encoded = ((b * H + site.h) * T + t) * dims.qk_width;
   site.qkv = n * 3 * channels + (is_key ? channels : 0) + std::int64_t(site.h) * d;
+  site.t = t;
   site.position = double(offset) + double(t);
   return site;
 }
@@ -71,10 +73,45 @@ __device__ float delta_of(const QkTransformParams& transform, bool is_key, int h
   return delta_applies(transform, is_key) ? transform.delta[std::int64_t(h) * d + c] : 0.0f;
 }
 
+// Entry m of row t of the call's phase table.
+__device__ PhaseRotation tabulated_phase(const QkTransformParams& transform, int t, int width, int m) {
+  const float2 entry = transform.phases[std::int64_t(t) * width + m];
+  return PhaseRotation{entry.x, entry.y};
+}
+
 __device__ PhaseRotation pope_phase_of(const QkTransformParams& transform, const GroupSite& site, bool is_key, int d,
                                        int c) {
+  if (!delta_applies(transform, is_key) && transform.phases != nullptr) return tabulated_phase(transform, site.t, d, c);
   return pope_phase(site.position, transform.frequencies[c], delta_applies(transform, is_key),
                     delta_of(transform, is_key, site.h, d, c));
+}
+
+__device__ PhaseRotation rope_phase_of(const QkTransformParams& transform, const GroupSite& site, int m) {
+  if (transform.phases != nullptr) return tabulated_phase(transform, site.t, transform.rotary_pairs, m);
+  return rotation_by(site.position * transform.frequencies[m]);
+}
+
+// Columns of the phase table: RoPE's rotary pairs, PoPE's channels; 0 for other transforms.
+__host__ __device__ int phase_table_width(const QkTransformParams& transform, int head_dim) {
+  switch (transform.kind) {
+    case QkTransformKind::rope: return transform.rotary_pairs;
+    case QkTransformKind::pope: return head_dim;
+    default: return 0;
+  }
+}
+
+// Entry (t, m) = rotation_by(p_t · frequency_m) with p_t formed as GroupSite::position is, so
+// that a tabulated phase is bitwise the one an encode kernel computes per element (PoPE's
+// phase without δ adds 0.0 to the same product: the same double for the non-negative angles).
+__global__ void phase_table_kernel(int seq_len, int width, int position_offset, const double* frequencies,
+                                   float2* table) {
+  const std::int64_t total = std::int64_t(seq_len) * width;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const int t = int(i / width), m = int(i % width);
+    const PhaseRotation r = rotation_by((double(position_offset) + double(t)) * frequencies[m]);
+    table[i] = make_float2(r.cos, r.sin);
+  }
 }
 
 __host__ __device__ std::int64_t group_count(const AttentionDims& dims, int group) {
@@ -191,7 +228,7 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
           Bf16Group<kGroup> out_first, out_second;
 #pragma unroll
           for (int k = 0; k < kGroup; ++k) {
-            const PhaseRotation r = rotation_by(site.position * transform.frequencies[c0 + k]);
+            const PhaseRotation r = rope_phase_of(transform, site, c0 + k);
             float a, b;
             rotate_pair(first.get(k), second.get(k), r, a, b);
             out_first.set(k, a);
@@ -249,7 +286,7 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
           Bf16Group<kGroup> out_second;
 #pragma unroll
           for (int k = 0; k < kGroup; ++k) {
-            const PhaseRotation r = rotation_by(site.position * transform.frequencies[c0 + k]);
+            const PhaseRotation r = rope_phase_of(transform, site, c0 + k);
             float da, db;
             unrotate_pair(first.element[k], second.element[k], r, da, db);
             out.set(k, da);
@@ -430,6 +467,20 @@ cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParam
         dims, transform, qkv, dq_encoded, dk_encoded, dqkv);
     return cudaGetLastError();
   });
+}
+
+std::size_t phase_table_entries(const QkTransformParams& transform, int seq_len, int head_dim) {
+  return std::size_t(seq_len) * std::size_t(phase_table_width(transform, head_dim));
+}
+
+cudaError_t fill_phase_table(const QkTransformParams& transform, int seq_len, int head_dim, float2* table,
+                             cudaStream_t stream) {
+  const int width = phase_table_width(transform, head_dim);
+  if (width == 0 || seq_len <= 0) return cudaSuccess;
+  if (table == nullptr || transform.frequencies == nullptr) return cudaErrorInvalidValue;
+  phase_table_kernel<<<grid_for(std::int64_t(seq_len) * width), kThreads, 0, stream>>>(
+      seq_len, width, transform.position_offset, transform.frequencies, table);
+  return cudaGetLastError();
 }
 
 std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims) {

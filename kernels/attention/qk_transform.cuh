@@ -26,6 +26,16 @@ cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParam
                                const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
                                cudaStream_t stream);
 
+// Entries of a call's phase table (QkTransformParams::phases): seq_len × RoPE's rotary pairs
+// or PoPE's head_dim; 0 for transforms without one.
+std::size_t phase_table_entries(const QkTransformParams& transform, int seq_len, int head_dim);
+// Fills `table` (phase_table_entries of them) with the (cos, sin) of every row's angle for every
+// frequency, bitwise as the encode kernels compute them per element: with transform.phases set
+// to it, encode_qk and encode_qk_backward evaluate seq_len × width angles instead of one per
+// element (B·H times as many). Nothing to do for other transforms.
+cudaError_t fill_phase_table(const QkTransformParams& transform, int seq_len, int head_dim, float2* table,
+                             cudaStream_t stream);
+
 // f32 scratch pope_delta_gradient needs: one partial sum per (chunk of 256 rows b·T + t, head, channel).
 std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims);
 

@@ -134,6 +134,9 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
   row.backward_flops = 2.5 * row.forward_flops;
 
   DeviceArray lse(std::size_t(B) * H * T * sizeof(float));
+  // q̃ and k̃ kept from the forward for the backward, as the model's training step keeps them.
+  const std::int64_t encoded_numel = cuda::AttentionRunner::encoded_numel({B, T, H, d}, *encoding);
+  DeviceArray encoded(std::size_t(encoded_numel) * sizeof(__nv_bfloat16));
   std::vector<std::unique_ptr<DeviceArray>> storage;
   std::vector<Tensor> params, grads;
   std::mt19937 engine(7);
@@ -161,6 +164,7 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
   forward.out = Tensor{out.data, DType::bf16, DeviceKind::cuda, {rows, C}};
   forward.lse = lse.tensor(DType::f32, {B, H, T});
   forward.position_params = params;
+  forward.encoded = encoded.tensor(DType::bf16, {encoded_numel});
   AttentionBackward backward;
   backward.shape = forward.shape;
   backward.encoding = encoding.get();
@@ -173,6 +177,7 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
   backward.position_params = params;
   backward.position_grads = grads;
   backward.deterministic = options.deterministic;
+  backward.encoded = forward.encoded;
 
   cuda::AttentionRunner runner;
   for (int i = 0; i < options.warmup; ++i) {

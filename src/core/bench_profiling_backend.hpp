@@ -54,6 +54,9 @@ class ProfilingBackend final : public Backend {
   void add(Tensor out, Tensor a, Tensor b) override;
   void attention_forward(const AttentionForward& args) override;
   void attention_backward(const AttentionBackward& args) override;
+  std::int64_t attention_encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) const override {
+    return inner_.attention_encoded_numel(shape, encoding);
+  }
   void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
                      double grad_scale) override;
   double sum_of_squares(Tensor x) override;

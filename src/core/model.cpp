@@ -111,6 +111,9 @@ struct Model::Activations {
   std::vector<OwnedTensor> norm1, norm2;       // RMSNorm outputs [N, C]; one shared when recomputed
   std::vector<OwnedTensor> rstd1, rstd2;       // [N]
   std::vector<OwnedTensor> qkv, attn, lse;     // [N, 3C], [N, C], [B, H, T]
+  // What the backend keeps of each layer's attention forward for its backward (the CUDA
+  // backend: q̃ and k̃); none without activation recompute's memory budget or on the CPU.
+  std::vector<OwnedTensor> attention_encoded;
   std::vector<OwnedTensor> fc_pre, fc_act;     // [N, 4C]; fc_act one shared when recomputed
   OwnedTensor final_norm, final_rstd;          // [N, C], [N]
   // The classifier chunk's logits [rows, Vp]: one buffer in the forward-only dtype, which
@@ -129,6 +132,9 @@ struct Model::Activations {
   Tensor norm1_of(int l) const { return of_layer(norm1, l); }
   Tensor norm2_of(int l) const { return of_layer(norm2, l); }
   Tensor fc_act_of(int l) const { return of_layer(fc_act, l); }
+  Tensor attention_encoded_of(int l) const {
+    return attention_encoded.empty() ? Tensor{} : attention_encoded[std::size_t(l)].tensor;
+  }
 };
 
 Model::Model(const ModelConfig& config, Backend& backend, int arena_multiple)
@@ -293,6 +299,8 @@ void Model::reserve(int B, int T) {
   a->targets = alloc({N}, DType::i32);
   for (int l = 0; l <= config_.n_layer; ++l) a->residual.push_back(alloc({N, C}, act));
   const int stored_layers = recompute_ ? 1 : config_.n_layer;  // of the recomputed lists
+  const std::int64_t attention_encoded =
+      recompute_ ? 0 : backend_.attention_encoded_numel({B, T, config_.n_head, config_.head_dim()}, *position_);
   for (int l = 0; l < config_.n_layer; ++l) {
     a->residual_mid.push_back(alloc({N, C}, act));
     if (l < stored_layers) {
@@ -305,6 +313,7 @@ void Model::reserve(int B, int T) {
     a->qkv.push_back(alloc({N, 3 * C}, act));
     a->attn.push_back(alloc({N, C}, act));
     a->lse.push_back(alloc({B, H, T}, stat));
+    if (attention_encoded > 0) a->attention_encoded.push_back(alloc({attention_encoded}, act));
     a->fc_pre.push_back(alloc({N, 4 * C}, act));
   }
   a->final_norm = alloc({N, C}, act);
@@ -418,7 +427,8 @@ void Model::forward_pass(Tensor tokens, int B, int T) {
     be.rmsnorm_forward(a.norm1_of(l), a.rstd1[l].tensor, a.residual[l].tensor, weight(li.attn_norm),
                        config_.norm_eps);
     be.matmul(a.qkv[l].tensor, a.norm1_of(l), weight(li.qkv), false, true);
-    AttentionForward af{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor, pparams};
+    AttentionForward af{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor,
+                        pparams, a.attention_encoded_of(l)};
     be.attention_forward(af);
     // residual_mid = residual + attn · W_projᵀ, the residual added in the GEMM's epilogue
     be.matmul_epilogue(a.residual_mid[l].tensor, a.attn[l].tensor, weight(li.attn_proj), false, true,
@@ -500,7 +510,7 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
       pgrads.push_back(grad(idx));
     }
     AttentionBackward ab{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor,
-                         a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads, deterministic_};
+                         a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads, deterministic_, a.attention_encoded_of(l)};
     be.attention_backward(ab);
     be.matmul(a.d_norm.tensor, a.d_qkv.tensor, weight(li.qkv), false, false);
     be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1_of(l), true, false, 1.0, 1.0);

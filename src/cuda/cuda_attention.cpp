@@ -77,6 +77,11 @@ class DeviceTable {
 };
 
 // The call's sizes, validated against the tensors and the position context.
+// Width of q̃ and k̃: the encoding's transform may widen them (PoPE: 2·head_dim).
+int qk_width_of(const PositionEncoding& encoding, int head_dim) {
+  return encoding.transforms_qk() ? encoding.qk_width(head_dim) : head_dim;
+}
+
 AttentionDims check_call(std::string_view op, const AttentionShape& shape, const PositionEncoding* encoding,
                          const PositionContext& ctx, const Tensor& qkv, const Tensor& out, const Tensor& lse) {
   require(encoding != nullptr, op, "encoding is null, expected the layer's PositionEncoding (NoPE for none)");
@@ -94,7 +99,7 @@ AttentionDims check_call(std::string_view op, const AttentionShape& shape, const
   dims.seq_len = shape.seq_len;
   dims.n_head = shape.n_head;
   dims.head_dim = shape.head_dim;
-  dims.qk_width = encoding->transforms_qk() ? encoding->qk_width(shape.head_dim) : shape.head_dim;
+  dims.qk_width = qk_width_of(*encoding, shape.head_dim);
   require(dims.qk_width >= dims.head_dim && dims.qk_width <= kernels::kMaxAttentionWidth, op,
           fmt::format("encoding '{}' with head_dim {} gives q/k width {}; the GPU kernels support head_dim ≤ q/k "
                       "width ≤ {}",
@@ -142,10 +147,21 @@ bool use_flash(const AttentionDims& dims, const kernels::EncodedAttention& in, c
   return dout_aligned && kernels::flash_attention_supports(dims, in);
 }
 
+// Elements of q̃ (or k̃) of a call: [B, H, T, W].
+std::size_t encoded_elements(const AttentionDims& dims) {
+  return std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
+}
+
+// AttentionForward/Backward::encoded must be empty or hold exactly the call's q̃ and k̃ in bf16.
+void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDims& dims) {
+  if (encoded.empty()) return;
+  check_vector(op, "encoded", encoded, DType::bf16, 2 * std::int64_t(encoded_elements(dims)));
+}
+
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad;
+  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, phases;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias;
 
@@ -169,6 +185,7 @@ struct AttentionRunner::Scratch {
       plan.kind = QkTransformKind::rope;
       plan.rotary_pairs = static_cast<int>(theta.size());
       plan.frequencies = frequencies.upload(theta, stream);
+      plan.phases = tabulate_phases(plan, ctx, stream);
       return plan;
     }
     if (const auto* pope = dynamic_cast<const PopeEncoding*>(&encoding)) {
@@ -176,6 +193,7 @@ struct AttentionRunner::Scratch {
       plan.frequencies = frequencies.upload(pope->frequencies(ctx.head_dim), stream);
       plan.magnitude = device_magnitude(pope->magnitude());
       plan.delta = params.empty() ? nullptr : params.front();  // no δ parameter: the "no δ" ablation
+      plan.phases = tabulate_phases(plan, ctx, stream);
       return plan;
     }
     if (const auto* pj = dynamic_cast<const PjRotaryEncoding*>(&encoding)) {
@@ -190,6 +208,14 @@ struct AttentionRunner::Scratch {
         fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi, "
                     "pj_rotary and the PJ-RoPE methods)",
                     op, encoding.kind()));
+  }
+
+  // The call's phase table (kernels::fill_phase_table): T × width angles evaluated once
+  // instead of once per element of q and k.
+  const float2* tabulate_phases(const QkTransformParams& plan, const PositionContext& ctx, cudaStream_t stream) {
+    auto* table = reserve_elements<float2>(phases, kernels::phase_table_entries(plan, ctx.seq_len, ctx.head_dim));
+    POPE_CUDA_CHECK(kernels::fill_phase_table(plan, ctx.seq_len, ctx.head_dim, table, stream));
+    return table;
   }
 
   // Score scale and, for encodings with a score bias, the [n_head, T] table b_h(Δ).
@@ -218,15 +244,29 @@ struct AttentionRunner::Scratch {
     return params;
   }
 
-  // q̃, k̃ of this call in scratch.
+  // q̃, k̃ of this call, computed into `kept` (see kept_halves) or, when it is empty, into scratch.
   kernels::EncodedAttention encode(const AttentionDims& dims, const QkTransformParams& transform,
-                                   const kernels::ScoreParams& score, const Tensor& qkv, cudaStream_t stream) {
-    const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
+                                   const kernels::ScoreParams& score, const Tensor& qkv, const Tensor& kept,
+                                   cudaStream_t stream) {
+    auto [q_out, k_out] = kept_halves(dims, kept);
+    if (kept.empty()) {
+      q_out = reserve_elements<__nv_bfloat16>(q, encoded_elements(dims));
+      k_out = reserve_elements<__nv_bfloat16>(k, encoded_elements(dims));
+    }
+    const auto* source = static_cast<const __nv_bfloat16*>(qkv.data);
+    POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, source, q_out, k_out, stream));
+    return inputs(score, qkv, q_out, k_out);
+  }
+
+  // q̃ and k̃ of a call kept by its caller: the two halves of `kept` (null when it is empty).
+  static std::pair<__nv_bfloat16*, __nv_bfloat16*> kept_halves(const AttentionDims& dims, const Tensor& kept) {
+    auto* q_half = static_cast<__nv_bfloat16*>(kept.data);
+    return {q_half, q_half == nullptr ? nullptr : q_half + encoded_elements(dims)};
+  }
+  static kernels::EncodedAttention inputs(const kernels::ScoreParams& score, const Tensor& qkv,
+                                          const __nv_bfloat16* q_encoded, const __nv_bfloat16* k_encoded) {
     kernels::EncodedAttention in;
     in.qkv = static_cast<const __nv_bfloat16*>(qkv.data);
-    auto* q_encoded = reserve_elements<__nv_bfloat16>(q, encoded);
-    auto* k_encoded = reserve_elements<__nv_bfloat16>(k, encoded);
-    POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, in.qkv, q_encoded, k_encoded, stream));
     in.q = q_encoded;
     in.k = k_encoded;
     in.score = score;
@@ -234,14 +274,19 @@ struct AttentionRunner::Scratch {
   }
 };
 
+
 AttentionRunner::AttentionRunner() : scratch_(std::make_unique<Scratch>()) {}
+
+std::int64_t AttentionRunner::encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) {
+  return 2 * std::int64_t(shape.batch) * shape.n_head * shape.seq_len * qk_width_of(encoding, shape.head_dim);
+}
 AttentionRunner::~AttentionRunner() = default;
 
 std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
   std::size_t total = s.frequencies.bytes() + s.bias.bytes();
   for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
-                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad})
+                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.phases})
     total += block->bytes();
   return total;
 }
@@ -253,7 +298,8 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
-  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
+  check_encoded(op, args.encoded, dims);
+  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, args.encoded, stream);
   auto* out = static_cast<__nv_bfloat16*>(args.out.data);
   auto* lse = static_cast<float*>(args.lse.data);
   if (use_flash(dims, in)) {
@@ -275,7 +321,12 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
-  const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, stream);
+  check_encoded(op, args.encoded, dims);
+  // q̃, k̃ as the forward kept them, or derived again.
+  const auto [q_kept, k_kept] = Scratch::kept_halves(dims, args.encoded);
+  const kernels::EncodedAttention in = args.encoded.empty()
+                                           ? scratch_->encode(dims, transform, score, args.qkv, Tensor{}, stream)
+                                           : Scratch::inputs(score, args.qkv, q_kept, k_kept);
 
   const std::size_t encoded = std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
   kernels::AttentionGradients gradients;

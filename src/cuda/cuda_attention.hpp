@@ -31,6 +31,9 @@ class AttentionRunner {
   void backward(const AttentionBackward& args, cudaStream_t stream, float* bias_table_grad = nullptr);
   // Device memory this runner holds now (its scratch and tables), for memory accounting.
   std::size_t scratch_bytes() const;
+  // bf16 elements of AttentionForward::encoded for a call of this shape: q̃ and k̃, [B, H, T, W]
+  // each (W = the encoding's q/k width). With it the backward skips re-encoding.
+  static std::int64_t encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding);
 
  private:
   struct Scratch;

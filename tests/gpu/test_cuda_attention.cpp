@@ -173,8 +173,9 @@ struct Result {
   std::vector<std::vector<float>> grads;
 };
 
-// Forward, then backward from the forward's own out and lse, on the GPU.
-Result run_on_gpu(cuda::AttentionRunner& runner, const Problem& p) {
+// Forward, then backward from the forward's own out and lse, on the GPU; with keep_encoded the
+// forward keeps q̃, k̃ in a buffer of the caller's that the backward reads (the model's way).
+Result run_on_gpu(cuda::AttentionRunner& runner, const Problem& p, bool keep_encoded = false) {
   const Shape qkv_shape{p.rows(), 3 * p.channels()}, out_shape{p.rows(), p.channels()};
   const Shape lse_shape{p.shape.batch, p.shape.n_head, p.shape.seq_len};
   DeviceBuffer qkv(p.qkv.size() * 2), dout(p.dout.size() * 2), out(p.dout.size() * 2), dqkv(p.qkv.size() * 2);
@@ -195,6 +196,9 @@ Result run_on_gpu(cuda::AttentionRunner& runner, const Problem& p) {
   out.poison();
   lse.poison();
   dqkv.poison();
+  const std::int64_t encoded_numel = keep_encoded ? cuda::AttentionRunner::encoded_numel(p.shape, *p.encoding) : 0;
+  DeviceBuffer encoded(std::size_t(encoded_numel) * 2 + 2);
+  encoded.poison();
 
   AttentionForward forward;
   forward.shape = p.shape;
@@ -204,6 +208,7 @@ Result run_on_gpu(cuda::AttentionRunner& runner, const Problem& p) {
   forward.out = out.tensor(DType::bf16, out_shape);
   forward.lse = lse.tensor(DType::f32, lse_shape);
   forward.position_params = params;
+  if (keep_encoded) forward.encoded = encoded.tensor(DType::bf16, {encoded_numel});
   runner.forward(forward, nullptr);
 
   AttentionBackward backward;
@@ -217,6 +222,7 @@ Result run_on_gpu(cuda::AttentionRunner& runner, const Problem& p) {
   backward.dqkv = dqkv.tensor(DType::bf16, qkv_shape);
   backward.position_params = params;
   backward.position_grads = grads;
+  backward.encoded = forward.encoded;
   runner.backward(backward, nullptr);
   POPE_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -442,6 +448,25 @@ TEST_F(CudaAttention, RepeatedRunsAreBitwiseEqual) {
     ASSERT_EQ(first.grads.size(), second.grads.size());
     for (std::size_t i = 0; i < first.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(first.grads[i], second.grads[i]));
   }
+}
+
+// The backward from the q̃, k̃ the forward kept is the backward that derives them again, bit for
+// bit, for every encoding (the same transform of the same inputs); T = 200 takes the fused
+// kernels, T = 37 with head_dim 48 the simple ones.
+TEST_F(CudaAttention, KeptEncodingsGiveTheBackwardOfReencodingBitwise) {
+  for (const EncodingCase& c : encoding_cases())
+    for (const auto& [seq_len, head_dim] : {std::pair{200, 64}, std::pair{37, 48}}) {
+      SCOPED_TRACE(c.name + " T=" + std::to_string(seq_len) + " d=" + std::to_string(head_dim));
+      const Problem problem = make_problem(c, 2, seq_len, 2, head_dim, 11u);
+      cuda::AttentionRunner runner;
+      const Result derived = run_on_gpu(runner, problem);
+      const Result kept = run_on_gpu(runner, problem, true);
+      EXPECT_TRUE(bitwise_equal(derived.out, kept.out));
+      EXPECT_TRUE(bitwise_equal(derived.dqkv, kept.dqkv));
+      EXPECT_EQ(count_non_finite(kept.dqkv), 0u);
+      ASSERT_EQ(derived.grads.size(), kept.grads.size());
+      for (std::size_t i = 0; i < kept.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(derived.grads[i], kept.grads[i]));
+    }
 }
 
 // Long context: the runner's memory stays O(B·H·T·width) (its row buffers), never a T×T
@@ -833,6 +858,13 @@ TEST_F(CudaAttention, BadTensorsAreNamed) {
     call.args.encoding = &pope;
     EXPECT_NE(message_of<std::invalid_argument>([&] { runner.forward(call.args, nullptr); }).find("position_params"),
               std::string::npos);
+  }
+  {
+    SmallCall call;  // room for q̃ only, not q̃ and k̃
+    DeviceBuffer encoded(std::size_t(16 * 64) * 2);
+    call.args.encoded = encoded.tensor(DType::bf16, {16 * 64});
+    const std::string message = message_of<std::invalid_argument>([&] { runner.forward(call.args, nullptr); });
+    EXPECT_NE(message.find("encoded"), std::string::npos) << message;
   }
 }
 

@@ -1,0 +1,116 @@
+// The q/k transform's phase table (kernels::fill_phase_table, read through
+// QkTransformParams::phases) against the per-element angles it replaces: RoPE with every
+// channel and with half of them rotating, PoPE with δ on the keys and without δ, at position
+// offsets 0 and 9,000, T not a tile multiple. q̃, k̃ and the backward's dq, dk must be the same
+// numbers (the table holds exactly what the kernels computed per element). Reports SKIPPED
+// without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "attention/qk_transform.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_device.hpp"
+#include "cuda_op_test_support.hpp"
+
+namespace {
+
+using namespace pope;
+using kernels::QkTransformKind;
+
+struct Case {
+  const char* name;
+  QkTransformKind kind;
+  int rotary_pairs;  // rope
+  bool delta;        // pope
+  int position_offset;
+};
+
+struct Outputs {
+  std::vector<double> q, k, dqkv;
+};
+
+// Equal element by element, NaN matching NaN (the v block of dqkv stays poisoned).
+bool same_numbers(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+  return true;
+}
+
+TEST(CudaPhaseTable, TabulatedPhasesGiveThePerElementTransformExactly) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_backend("cuda");
+  const int B = 2, T = 77, H = 3, d = 64;
+  const std::vector<Case> cases{{"rope", QkTransformKind::rope, d / 2, false, 0},
+                                {"rope, half the channels", QkTransformKind::rope, d / 4, false, 9000},
+                                {"pope with delta", QkTransformKind::pope, 0, true, 9000},
+                                {"pope without delta", QkTransformKind::pope, 0, false, 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int W = c.kind == QkTransformKind::pope ? 2 * d : d;
+    const std::int64_t rows = std::int64_t(B) * T, C = std::int64_t(H) * d, encoded = std::int64_t(B) * H * T * W;
+    const OwnedTensor qkv = test::make_tensor(*gpu, {rows, 3 * C}, DType::bf16, test::random_bf16_values(rows * 3 * C, 1));
+    const OwnedTensor dq = test::make_tensor(*gpu, {encoded}, DType::f32, test::random_bf16_values(encoded, 2));
+    const OwnedTensor dk = test::make_tensor(*gpu, {encoded}, DType::f32, test::random_bf16_values(encoded, 3));
+    std::vector<float> delta_values = test::random_bf16_values(std::size_t(H) * d, 4, 3.0f);
+    for (float& v : delta_values) v = -std::fabs(v);  // mostly inside [−2π, 0], some past −2π (clamped)
+    const OwnedTensor delta = test::make_tensor(*gpu, {H * d}, DType::f32, delta_values);
+    const int count = c.kind == QkTransformKind::rope ? c.rotary_pairs : d;
+    std::vector<double> omega(static_cast<std::size_t>(count));
+    for (int m = 0; m < count; ++m) omega[std::size_t(m)] = std::pow(10000.0, -double(m) / count);
+    const OwnedTensor frequencies = allocate_tensor(*gpu, {count}, DType::f64);
+    gpu->copy_from_host(frequencies.tensor, omega.data());
+
+    kernels::AttentionDims dims;
+    dims.batch = B;
+    dims.seq_len = T;
+    dims.n_head = H;
+    dims.head_dim = d;
+    dims.qk_width = W;
+    kernels::QkTransformParams plan;
+    plan.kind = c.kind;
+    plan.position_offset = c.position_offset;
+    plan.rotary_pairs = c.rotary_pairs;
+    plan.frequencies = static_cast<const double*>(frequencies.tensor.data);
+    plan.delta = c.delta ? static_cast<const float*>(delta.tensor.data) : nullptr;
+
+    const OwnedTensor table =
+        allocate_tensor(*gpu, {std::int64_t(2 * kernels::phase_table_entries(plan, T, d))}, DType::f32);
+    gpu->synchronize();  // the kernels below run on the default stream
+    auto run = [&](const kernels::QkTransformParams& p) {
+      const OwnedTensor q_encoded = allocate_tensor(*gpu, {encoded}, DType::bf16);
+      const OwnedTensor k_encoded = allocate_tensor(*gpu, {encoded}, DType::bf16);
+      const OwnedTensor dqkv = allocate_tensor(*gpu, {rows, 3 * C}, DType::bf16);
+      test::poison(*gpu, dqkv.tensor);
+      gpu->synchronize();
+      const auto* source = static_cast<const __nv_bfloat16*>(qkv.tensor.data);
+      POPE_CUDA_CHECK(kernels::encode_qk(dims, p, source, static_cast<__nv_bfloat16*>(q_encoded.tensor.data),
+                                         static_cast<__nv_bfloat16*>(k_encoded.tensor.data), nullptr));
+      POPE_CUDA_CHECK(kernels::encode_qk_backward(dims, p, source, static_cast<const float*>(dq.tensor.data),
+                                                  static_cast<const float*>(dk.tensor.data),
+                                                  static_cast<__nv_bfloat16*>(dqkv.tensor.data), nullptr));
+      POPE_CUDA_CHECK(cudaDeviceSynchronize());
+      return Outputs{test::download(*gpu, q_encoded.tensor), test::download(*gpu, k_encoded.tensor),
+                     test::download(*gpu, dqkv.tensor)};
+    };
+    const Outputs per_element = run(plan);
+    kernels::QkTransformParams tabulated = plan;
+    auto* entries = static_cast<float2*>(table.tensor.data);
+    POPE_CUDA_CHECK(kernels::fill_phase_table(plan, T, d, entries, nullptr));
+    tabulated.phases = entries;
+    const Outputs from_table = run(tabulated);
+    EXPECT_TRUE(same_numbers(per_element.q, from_table.q)) << "q̃";
+    EXPECT_TRUE(same_numbers(per_element.k, from_table.k)) << "k̃";
+    EXPECT_TRUE(same_numbers(per_element.dqkv, from_table.dqkv)) << "dq, dk";
+    EXPECT_EQ(kernels::phase_table_entries(plan, T, d), std::size_t(T) * std::size_t(count));
+    // The kernels do read the table: zeroed entries (cos = sin = 0) change q̃.
+    POPE_CUDA_CHECK(cudaMemset(entries, 0, kernels::phase_table_entries(plan, T, d) * sizeof(float2)));
+    EXPECT_FALSE(same_numbers(per_element.q, run(tabulated).q)) << "q̃ did not change with a zeroed table";
+  }
+}
+
+}  // namespace
