@@ -6,7 +6,8 @@
 //           softmax with Stats = max + log Σexp; O = P·v.
 // backward: D = rowsum(dO ∘ O) (written to row_dot); P = exp(S·scale − Stats) under the mask;
 //           dv = Pᵀ·dO; dS = P ∘ (dO·vᵀ − D)·scale; dk̃ = dSᵀ·q̃; dq̃ = dS·k̃ (cuDNN accumulates
-//           it in an f32 tensor of its graph, which is our dq̃ buffer; its bf16 copy is unused).
+//           it in an f32 tensor of its graph, zeroed scratch here: binding our dq̃ buffer to it
+//           gave wrong values on cuDNN 9.14, GPU-tested; dq̃ is its bf16 output, widened).
 // k̃ (and v in the backward) enter transposed, as [B, H, W, T] views of the same memory.
 #include "cuda/cudnn_attention.hpp"
 
@@ -224,7 +225,7 @@ CudnnAttention::Plans& CudnnAttention::plans_for(const kernels::AttentionDims& d
 }
 
 std::size_t CudnnAttention::scratch_bytes() const {
-  return workspace_.bytes() + dq_bf16_.bytes() + dk_bf16_.bytes();
+  return workspace_.bytes() + dq_accumulator_.bytes() + dq_bf16_.bytes() + dk_bf16_.bytes();
 }
 
 void CudnnAttention::forward(const kernels::AttentionDims& dims, const CudnnAttentionForward& args,
@@ -260,10 +261,10 @@ void CudnnAttention::backward(const kernels::AttentionDims& dims, const CudnnAtt
   const std::size_t encoded = std::size_t(l.B * l.H * l.T * l.W);
   void* dq_bf16 = dq_bf16_.reserve(encoded * sizeof(__nv_bfloat16));
   void* dk_bf16 = dk_bf16_.reserve(encoded * sizeof(__nv_bfloat16));
+  void* dq_accumulator = dq_accumulator_.reserve(encoded * sizeof(float));
+  POPE_CUDA_CHECK(cudaMemsetAsync(dq_accumulator, 0, encoded * sizeof(float), stream));
   float scale = args.scale;
   cudnn::check(cudnnSetStream(handle_->handle, stream), "cudnnSetStream");
-  // dq̃'s accumulator needs no zeroing: since cuDNN 9.6 the engine initialises it itself (the
-  // rule cudnn-frontend follows).
   plans.backward->execute(handle_->handle,
                           {{uid::q, writable(args.q)},
                            {uid::k, writable(args.k)},
@@ -272,7 +273,7 @@ void CudnnAttention::backward(const kernels::AttentionDims& dims, const CudnnAtt
                            {uid::stats, writable(args.lse)},
                            {uid::dout, writable(args.dout)},
                            {uid::row_dot, args.row_dot},
-                           {uid::dq_accumulator, args.dq},
+                           {uid::dq_accumulator, dq_accumulator},
                            {uid::dq, dq_bf16},
                            {uid::dk, dk_bf16},
                            {uid::dv, dv},
@@ -280,6 +281,8 @@ void CudnnAttention::backward(const kernels::AttentionDims& dims, const CudnnAtt
                            {uid::mask_fill, writable(&kMaskFill)},
                            {uid::one, writable(&kOne)}},
                           workspace);
+  POPE_CUDA_CHECK(kernels::convert(args.dq, kernels::FloatKind::f32, dq_bf16, kernels::FloatKind::bf16, encoded,
+                                   stream));
   POPE_CUDA_CHECK(kernels::convert(args.dk, kernels::FloatKind::f32, dk_bf16, kernels::FloatKind::bf16, encoded,
                                    stream));
 }

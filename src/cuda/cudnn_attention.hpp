@@ -6,7 +6,7 @@
 // Layouts (the same as the fused kernels'): q̃, k̃ bf16 [B, H, T, W] contiguous; v read in
 // place from qkv bf16 [B·T, 3C] (head h at column 2C + h·d); out bf16 [B·T, C]; lse f32
 // [B, H, T], the natural log of each row's softmax sum (cuDNN's "Stats"). The backward writes
-// dq̃, dk̃ f32 [B, H, T, W] (dq̃ is cuDNN's own f32 accumulator, dk̃ its bf16 result widened),
+// dq̃, dk̃ f32 [B, H, T, W] (cuDNN's bf16 results widened; dq̃'s f32 accumulator is zeroed scratch),
 // dv bf16 into dqkv in place, and uses row_dot f32 [B, H, T] as its rowsum(dout ∘ out).
 //
 // One forward and one backward plan per shape (B, H, T, W, d) are built on first use
@@ -76,7 +76,7 @@ class CudnnAttention {
   struct Handle;
   std::unique_ptr<Handle> handle_;
   std::map<ShapeKey, std::unique_ptr<Plans>> plans_;
-  DeviceScratch workspace_, dq_bf16_, dk_bf16_;
+  DeviceScratch workspace_, dq_accumulator_, dq_bf16_, dk_bf16_;
 };
 
 }  // namespace pope::cuda
