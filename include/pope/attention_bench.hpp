@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "pope/backend.hpp"
+
 namespace pope {
 
 struct AttentionBenchOptions {
@@ -21,11 +23,17 @@ struct AttentionBenchOptions {
   int warmup = 5;
   int repeats = 30;
   bool deterministic = true;  // false: the fused backward's atomic dq̃ (AttentionBackward::deterministic)
+  // Each (encoding, T) is timed once per impl, side by side; cudnn skips encodings with a score
+  // bias (cuDNN's SDPA takes none).
+  std::vector<AttentionImpl> impls{AttentionImpl::fused};
 };
 
 struct AttentionBenchRow {
   std::string encoding;
-  bool deterministic = true;  // the backward's mode (AttentionBenchOptions::deterministic)
+  AttentionImpl impl = AttentionImpl::fused;
+  // Whether the backward is bitwise repeatable: AttentionBenchOptions::deterministic for fused;
+  // false for cudnn, whose backward accumulates dq̃ with atomic adds.
+  bool deterministic = true;
   int batch = 0, seq_len = 0, n_head = 0, head_dim = 0, qk_width = 0;
   double forward_ms = 0.0, backward_ms = 0.0, total_ms = 0.0;  // medians
   double forward_flops = 0.0;  // causal: (QKᵀ + PV) = 2·B·H·(T²/2)·(qk_width + head_dim)
@@ -36,7 +44,7 @@ struct AttentionBenchRow {
 };
 
 // Throws ConfigError for bad options (an encoding that is no model.position.kind, T outside
-// 1..tokens, a head_dim the encoding cannot split, …) and
+// 1..tokens, a head_dim the encoding cannot split, no impl, …) and
 // std::runtime_error without a CUDA device or in a build without CUDA.
 std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptions& options);
 

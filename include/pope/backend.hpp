@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pope/position.hpp"
@@ -35,6 +36,15 @@ struct AttentionShape {
   int head_dim = 0;
 };
 
+// Which implementation computes the causal attention of the encoded q̃, k̃ (attention.impl):
+// ours (the fused kernels, or the simple ones for other widths), or cuDNN's fused SDPA as a
+// comparator (CUDA backend, encodings without a score bias). The encodings' transforms are ours
+// either way. The CPU backend has only its reference and refuses `cudnn`.
+enum class AttentionImpl { fused, cudnn };
+// "fused" / "cudnn"; attention_impl_from_name throws std::invalid_argument for other names.
+std::string_view attention_impl_name(AttentionImpl impl);
+AttentionImpl attention_impl_from_name(std::string_view name);
+
 struct AttentionForward {
   AttentionShape shape;
   const PositionEncoding* encoding = nullptr;
@@ -47,6 +57,7 @@ struct AttentionForward {
   // backend keeps what it derives from qkv (the encoded q̃, k̃) for the backward, which then
   // need not derive it again. Empty: nothing kept.
   Tensor encoded;
+  AttentionImpl impl = AttentionImpl::fused;
 };
 
 struct AttentionBackward {
@@ -63,6 +74,9 @@ struct AttentionBackward {
   // The forward's `encoded`, untouched since that forward with the same qkv and position
   // parameters; empty: derived again.
   Tensor encoded;
+  // Usually the forward's; both impls store lse as the natural log of the softmax sum, so
+  // either backward can start from either forward's out and lse.
+  AttentionImpl impl = AttentionImpl::fused;
 };
 
 // One contiguous run of the parameter arena with its weight-decay flag.

@@ -140,11 +140,18 @@ struct TrainConfig {
   int threads = 0;                 // CPU threads; 0: all cores
 };
 
+struct AttentionConfig {
+  // fused | cudnn: who computes the causal attention of the encoded q̃, k̃ on the GPU; cudnn is
+  // cuDNN's fused SDPA, a comparator for encodings without a score bias (configs/README.md).
+  std::string impl = "fused";
+};
+
 struct RunConfig {
   ModelConfig model;
   DataConfig data;
   OptimConfig optim;
   TrainConfig train;
+  AttentionConfig attention;
   std::string out_dir = "";        // run directory; empty: runs/<config name>
 
   // Micro-batches per optimizer step on `world_size` ranks (validated to divide exactly).

@@ -96,6 +96,9 @@ class Model {
   // false lets the attention backward trade bitwise repeatability for speed
   // (AttentionBackward::deterministic; train.deterministic). Default true.
   void set_deterministic(bool deterministic) { deterministic_ = deterministic; }
+  // Who computes the attention of the encoded q̃, k̃ (AttentionForward::impl; attention.impl).
+  // Default fused.
+  void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
 
   // Forward (and with `backward`, backward) of B sequences of T tokens. tokens/targets are
   // host int32 [B·T]; targets < 0 are masked. Gradients ACCUMULATE, scaled so that the
@@ -156,6 +159,7 @@ class Model {
   std::unique_ptr<Activations> acts_;
   bool recompute_ = false;
   bool deterministic_ = true;
+  AttentionImpl attention_impl_ = AttentionImpl::fused;
   std::uint64_t activation_generation_ = 0;
 };
 

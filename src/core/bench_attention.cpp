@@ -3,6 +3,8 @@
 // back to back, and the median per phase. "forward" is AttentionRunner::forward (q/k transform
 // + attention), "backward" AttentionRunner::backward (transform again, row dots, the gradient
 // kernels, transform backward, PoPE's δ gradient), "forward+backward" the two in a row.
+// With several impls (--impl both) each (encoding, T) is timed with each on the same inputs,
+// one row per impl, so that cuDNN's SDPA sits next to ours in one run.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -45,9 +47,16 @@ void check_options(const AttentionBenchOptions& options) {
                                   options.head_dim));
   if (options.repeats <= 0 || options.warmup < 0)
     throw ConfigError("--repeats/--warmup", "expected repeats > 0 and warmup ≥ 0");
+  if (options.impls.empty()) throw ConfigError("--impl", "expected at least one attention impl");
 }
 
+
 #ifdef POPE_HAVE_CUDA
+
+// cuDNN's SDPA takes no score bias: the cudnn rows leave out ALiBi and the PJ-bias methods.
+bool runs_on(const std::string& kind, AttentionImpl impl) {
+  return impl != AttentionImpl::cudnn || !find_position_method(kind)->adds_score_bias();
+}
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -112,7 +121,7 @@ class EventTimer {
   std::vector<cudaEvent_t> starts_, stops_;
 };
 
-AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::string& kind, int T,
+AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::string& kind, AttentionImpl impl, int T,
                             const Tensor& qkv, const Tensor& dout, const Tensor& out, const Tensor& dqkv) {
   ModelConfig model;
   model.n_head = options.n_head;
@@ -124,7 +133,8 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
 
   AttentionBenchRow row;
   row.encoding = kind;
-  row.deterministic = options.deterministic;
+  row.impl = impl;
+  row.deterministic = impl == AttentionImpl::fused && options.deterministic;
   row.batch = B;
   row.seq_len = T;
   row.n_head = H;
@@ -165,6 +175,7 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
   forward.lse = lse.tensor(DType::f32, {B, H, T});
   forward.position_params = params;
   forward.encoded = encoded.tensor(DType::bf16, {encoded_numel});
+  forward.impl = impl;
   AttentionBackward backward;
   backward.shape = forward.shape;
   backward.encoding = encoding.get();
@@ -178,6 +189,7 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
   backward.position_grads = grads;
   backward.deterministic = options.deterministic;
   backward.encoded = forward.encoded;
+  backward.impl = impl;
 
   cuda::AttentionRunner runner;
   for (int i = 0; i < options.warmup; ++i) {
@@ -212,8 +224,10 @@ std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptio
   std::vector<AttentionBenchRow> rows_out;
   for (const std::string& kind : options.encodings)
     for (int T : options.lengths)
-      rows_out.push_back(bench_one(options, kind, T, qkv_t, dout_t, out.tensor(DType::bf16, {rows, C}),
-                                   dqkv.tensor(DType::bf16, {rows, 3 * C})));
+      for (AttentionImpl impl : options.impls)
+        if (runs_on(kind, impl))
+          rows_out.push_back(bench_one(options, kind, impl, T, qkv_t, dout_t, out.tensor(DType::bf16, {rows, C}),
+                                       dqkv.tensor(DType::bf16, {rows, 3 * C})));
   return rows_out;
 #else
   throw std::runtime_error("pope-bench attention needs a build with CUDA (POPE_ENABLE_CUDA=ON)");
@@ -221,17 +235,20 @@ std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptio
 }
 
 std::string format_attention_bench(const std::vector<AttentionBenchRow>& rows) {
-  std::string text = fmt::format("{:<16} {:>6} {:>3} {:>4} {:>4} {:>4} {:>6} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7}\n",
-                                 "encoding", "T", "B", "H", "d", "W", "dq", "fwd ms", "bwd ms", "f+b ms", "fwd TF",
-                                 "bwd TF", "f+b TF");
+  std::string text =
+      fmt::format("{:<16} {:>5} {:>6} {:>3} {:>4} {:>4} {:>4} {:>6} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7}\n",
+                  "encoding", "impl", "T", "B", "H", "d", "W", "dq", "fwd ms", "bwd ms", "f+b ms", "fwd TF", "bwd TF",
+                  "f+b TF");
   for (const AttentionBenchRow& r : rows)
     text += fmt::format(
-        "{:<16} {:>6} {:>3} {:>4} {:>4} {:>4} {:>6} | {:>9.3f} {:>9.3f} {:>9.3f} | {:>7.1f} {:>7.1f} {:>7.1f}\n",
-        r.encoding, r.seq_len, r.batch, r.n_head, r.head_dim, r.qk_width, r.deterministic ? "fixed" : "atomic",
+        "{:<16} {:>5} {:>6} {:>3} {:>4} {:>4} {:>4} {:>6} | {:>9.3f} {:>9.3f} {:>9.3f} | {:>7.1f} {:>7.1f} {:>7.1f}\n",
+        r.encoding, attention_impl_name(r.impl), r.seq_len, r.batch, r.n_head, r.head_dim, r.qk_width,
+        r.deterministic ? "fixed" : "atomic",
         r.forward_ms, r.backward_ms, r.total_ms, r.forward_tflops(), r.backward_tflops(), r.total_tflops());
   text +=
       "TFLOP/s from causal FLOPs: forward 2·B·H·(T²/2)·(W + d) (QKᵀ over W, PV over d), backward 2.5× forward; "
-      "times include the q/k transform.\n";
+      "times include the q/k transform (ours for either impl); cudnn: cuDNN's fused SDPA on the encoded q̃, k̃, "
+      "for encodings without a score bias.\n";
   return text;
 }
 
@@ -239,6 +256,7 @@ nlohmann::json attention_bench_to_json(const std::vector<AttentionBenchRow>& row
   nlohmann::json list = nlohmann::json::array();
   for (const AttentionBenchRow& r : rows)
     list.push_back({{"encoding", r.encoding},
+                    {"impl", std::string(attention_impl_name(r.impl))},
                     {"deterministic", r.deterministic},
                     {"batch", r.batch},
                     {"seq_len", r.seq_len},

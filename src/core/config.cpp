@@ -153,6 +153,33 @@ void check_position(const ModelConfig& model, const std::string& source) {
   }
 }
 
+// cuDNN's SDPA (attention.impl = cudnn) takes q̃, k̃, v and a scale, nothing else: encodings that
+// add a score bias (ALiBi, the PJ-bias methods) have no place in it, and there is no CPU cuDNN.
+// Its widths: head dims that are multiples of 8 with q/k rows of at most 256 (PoPE: d ≤ 128).
+void check_attention_impl(const RunConfig& config, const std::string& source) {
+  if (config.attention.impl != "cudnn") return;
+  const PositionMethod* method = find_position_method(config.model.position.kind);
+  if (method != nullptr && method->adds_score_bias()) {
+    fail("attention.impl",
+         fmt::format("expected fused for model.position.kind {}: its score bias is not supported by cuDNN's SDPA "
+                     "(cudnn takes encodings without a bias: nope, rope and its scalings, pope, pj_rotary)",
+                     config.model.position.kind),
+         source);
+  }
+  if (config.train.device == "cpu") {
+    fail("attention.impl", "expected fused with train.device cpu: cudnn runs on the CUDA backend only", source);
+  }
+  const int head_dim = config.model.head_dim();
+  const int qk_width = method != nullptr && method->transform == MethodTransform::pope ? 2 * head_dim : head_dim;
+  if (head_dim % 8 != 0 || qk_width > 256) {
+    fail("attention.impl",
+         fmt::format("expected fused for head dim {} (q/k width {}): cudnn needs a head dim that is a multiple of 8 "
+                     "and q/k rows of at most 256",
+                     head_dim, qk_width),
+         source);
+  }
+}
+
 // Training windows longer than L_train only make sense for encodings that do not depend on
 // it: NoPE, ALiBi, PoPE and the PJ methods extrapolate as they are, RoPE (alone or under a
 // bias) only with a scaling (PI/NTK/YaRN fine-tuning at 4096 on a 1024 model).
@@ -217,6 +244,7 @@ void check_config(const RunConfig& config, const std::string& source) {
   check_model_shape(config.model, source);
   check_position(config.model, source);
   check_window(config, source);
+  check_attention_impl(config, source);
   if (config.data.kind == "indirect_indexing") check_indirect_indexing(config, source);
   if (auto problem = batch_split_problem(config.train, 1)) fail("train.batch_size", *problem, source);
   if (config.optim.min_lr > config.optim.lr) {

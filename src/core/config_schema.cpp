@@ -107,6 +107,9 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(train.phase_timing), {}, {}, Hashed::no},
       {POPE_CONFIG_KEY(train.device), any(), {"auto", "cpu", "cuda"}, Hashed::no},
       {POPE_CONFIG_KEY(train.threads), at_least(0), {}, Hashed::no},
+      // Either impl computes the same attention up to rounding (like train.deterministic), so a
+      // resume may switch it.
+      {POPE_CONFIG_KEY(attention.impl), any(), {"fused", "cudnn"}, Hashed::no},
       {POPE_CONFIG_KEY(out_dir), any(), {}, Hashed::no},
   };
 }

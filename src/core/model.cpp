@@ -428,7 +428,7 @@ void Model::forward_pass(Tensor tokens, int B, int T) {
                        config_.norm_eps);
     be.matmul(a.qkv[l].tensor, a.norm1_of(l), weight(li.qkv), false, true);
     AttentionForward af{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor,
-                        pparams, a.attention_encoded_of(l)};
+                        pparams, a.attention_encoded_of(l), attention_impl_};
     be.attention_forward(af);
     // residual_mid = residual + attn · W_projᵀ, the residual added in the GEMM's epilogue
     be.matmul_epilogue(a.residual_mid[l].tensor, a.attn[l].tensor, weight(li.attn_proj), false, true,
@@ -510,7 +510,8 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
       pgrads.push_back(grad(idx));
     }
     AttentionBackward ab{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor,
-                         a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads, deterministic_, a.attention_encoded_of(l)};
+                         a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads, deterministic_, a.attention_encoded_of(l),
+                         attention_impl_};
     be.attention_backward(ab);
     be.matmul(a.d_norm.tensor, a.d_qkv.tensor, weight(li.qkv), false, false);
     be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1_of(l), true, false, 1.0, 1.0);

@@ -32,6 +32,8 @@ struct PositionMethod {
   std::optional<PjSectorMask> pj_bias;
   // ALiBi's fixed bias (the one method with a non-PJ bias).
   bool alibi = false;
+
+  bool adds_score_bias() const { return alibi || pj_bias.has_value(); }
 };
 
 // Every method, in the order the docs list them.

@@ -106,6 +106,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   model_ = std::make_unique<Model>(config_.model, *backend_, shard_optimizer ? communicator_->size() : 1);
   model_->set_activation_recompute(config_.train.activation_recompute);
   model_->set_deterministic(config_.train.deterministic);
+  model_->set_attention_impl(attention_impl_from_name(config_.attention.impl));
   optimizer_ = std::make_unique<AdamW>(*model_, config_.optim, shard_optimizer ? communicator_.get() : nullptr);
   state_.config_hash = config_hash(config_);
   state_.rng = Rng(config_.train.seed).state();

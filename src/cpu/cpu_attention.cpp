@@ -43,9 +43,12 @@ struct Geometry {
 
 constexpr int kQuery = 0, kKey = 1, kValue = 2;
 
-Geometry check_geometry(std::string_view op, const AttentionShape& shape, const PositionEncoding* encoding,
-                        const PositionContext& ctx, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        DType real) {
+Geometry check_geometry(std::string_view op, AttentionImpl impl, const AttentionShape& shape,
+                        const PositionEncoding* encoding, const PositionContext& ctx, const Tensor& qkv,
+                        const Tensor& out, const Tensor& lse, DType real) {
+  require(impl == AttentionImpl::fused, op,
+          fmt::format("attention.impl is {}; the CPU backend has only its reference attention (expected fused)",
+                      attention_impl_name(impl)));
   require(encoding != nullptr, op, "encoding is null, expected the layer's PositionEncoding (NoPE for none)");
   require(shape.batch > 0 && shape.seq_len > 0 && shape.n_head > 0 && shape.head_dim > 0, op,
           fmt::format("shape is batch {}, seq_len {}, n_head {}, head_dim {}; expected all > 0", shape.batch,
@@ -169,8 +172,8 @@ void fill_bias_table(const Geometry& g, const PositionEncoding& encoding, const 
 
 template <class Real> void attention_forward(int threads, const AttentionForward& args) {
   constexpr std::string_view op = "attention_forward";
-  const Geometry g = check_geometry(op, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse,
-                                    dtype_of<Real>());
+  const Geometry g = check_geometry(op, args.impl, args.shape, args.encoding, args.position, args.qkv, args.out,
+                                    args.lse, dtype_of<Real>());
   const PositionEncoding& encoding = *args.encoding;
   const auto param_ptrs =
       parameter_pointers<const Real*>(op, "position_params", args.position_params, encoding, g);
@@ -208,7 +211,8 @@ template <class Real> void attention_forward(int threads, const AttentionForward
 template <class Real> void attention_backward(int threads, const AttentionBackward& args) {
   constexpr std::string_view op = "attention_backward";
   constexpr DType real = dtype_of<Real>();
-  const Geometry g = check_geometry(op, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse, real);
+  const Geometry g =
+      check_geometry(op, args.impl, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse, real);
   const std::int64_t rows = std::int64_t(g.batch) * g.seq_len;
   check_matrix(op, "dout", args.dout, real, rows, g.channels);
   check_matrix(op, "dqkv", args.dqkv, real, rows, g.qkv_stride);

@@ -9,7 +9,9 @@
 // table that kernels/attention/pj_bias.cu builds on the device from the layer's parameters.
 // The attention itself runs on the fused tensor-core kernels (flash_attention.cuh) where they
 // handle the widths, else on the simple kernels (causal_attention.cuh); `use_flash` is the one
-// place that chooses.
+// place that chooses. With attention.impl = cudnn (AttentionForward::impl) cuDNN's fused SDPA
+// (cudnn_attention.hpp) takes the place of both on the same q̃, k̃, for encodings without a
+// score bias; the transforms, their backward and δ's gradient stay ours.
 // Tables are uploaded only when their values change, so steady-state steps of one shape
 // neither allocate nor copy from the host (a requirement for CUDA graph capture). A captured
 // graph holds the scratch and table pointers: calls of another shape or encoding on the
@@ -33,6 +35,7 @@
 #include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_tensor_checks.hpp"
+#include "cuda/cudnn_attention.hpp"
 #include "cuda/device_scratch.hpp"
 #include "cuda/pj_bias_layer.hpp"
 
@@ -147,6 +150,24 @@ bool use_flash(const AttentionDims& dims, const kernels::EncodedAttention& in, c
   return dout_aligned && kernels::flash_attention_supports(dims, in);
 }
 
+// cuDNN's SDPA takes q̃, k̃, v and a scale: an encoding that adds a score bias cannot run on it.
+void check_impl(std::string_view op, AttentionImpl impl, const PositionEncoding& encoding,
+                const kernels::ScoreParams& score) {
+  if (impl != AttentionImpl::cudnn) return;
+  require(score.bias == nullptr, op,
+          fmt::format("attention.impl is cudnn, but encoding '{}' adds a score bias, which cuDNN's SDPA does not take "
+                      "(expected attention.impl fused, or an encoding without a bias: nope, rope, pope, pj_rotary)",
+                      encoding.kind()));
+}
+
+#ifndef POPE_HAVE_CUDNN
+[[noreturn]] void throw_built_without_cudnn(std::string_view op) {
+  throw std::runtime_error(fmt::format("{}: attention.impl is cudnn, but this build has no cuDNN (cudnn_graph.h or "
+                                       "libcudnn was not found next to the CUDA toolkit at configure time)",
+                                       op));
+}
+#endif
+
 // Elements of q̃ (or k̃) of a call: [B, H, T, W].
 std::size_t encoded_elements(const AttentionDims& dims) {
   return std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
@@ -164,6 +185,40 @@ struct AttentionRunner::Scratch {
   DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, phases;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias;
+#ifdef POPE_HAVE_CUDNN
+  std::unique_ptr<CudnnAttention> cudnn;  // created on the first cudnn call (cudnnCreate is not free)
+#endif
+
+  void cudnn_forward(std::string_view op, const AttentionDims& dims, const CudnnAttentionForward& args,
+                     cudaStream_t stream) {
+#ifdef POPE_HAVE_CUDNN
+    (void)op;
+    if (!cudnn) cudnn = std::make_unique<CudnnAttention>();
+    cudnn->forward(dims, args, stream);
+#else
+    (void)dims, (void)args, (void)stream;
+    throw_built_without_cudnn(op);
+#endif
+  }
+
+  void cudnn_backward(std::string_view op, const AttentionDims& dims, const CudnnAttentionBackward& args,
+                      cudaStream_t stream) {
+#ifdef POPE_HAVE_CUDNN
+    (void)op;
+    if (!cudnn) cudnn = std::make_unique<CudnnAttention>();
+    cudnn->backward(dims, args, stream);
+#else
+    (void)dims, (void)args, (void)stream;
+    throw_built_without_cudnn(op);
+#endif
+  }
+
+  std::size_t cudnn_bytes() const {
+#ifdef POPE_HAVE_CUDNN
+    if (cudnn) return cudnn->scratch_bytes();
+#endif
+    return 0;
+  }
 
   // The encoding's q/k transform for this call (tables uploaded); throws for encodings the
   // GPU path does not know, naming them.
@@ -284,7 +339,7 @@ AttentionRunner::~AttentionRunner() = default;
 
 std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
-  std::size_t total = s.frequencies.bytes() + s.bias.bytes();
+  std::size_t total = s.frequencies.bytes() + s.bias.bytes() + s.cudnn_bytes();
   for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
                                      &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.phases})
     total += block->bytes();
@@ -298,11 +353,14 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
+  check_impl(op, args.impl, encoding, score);
   check_encoded(op, args.encoded, dims);
   const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, args.encoded, stream);
   auto* out = static_cast<__nv_bfloat16*>(args.out.data);
   auto* lse = static_cast<float*>(args.lse.data);
-  if (use_flash(dims, in)) {
+  if (args.impl == AttentionImpl::cudnn) {
+    scratch_->cudnn_forward(op, dims, {in.q, in.k, in.qkv, score.scale, out, lse}, stream);
+  } else if (use_flash(dims, in)) {
     POPE_CUDA_CHECK(kernels::flash_attention_forward(dims, in, out, lse, stream));
   } else {
     POPE_CUDA_CHECK(kernels::causal_attention_forward(dims, in, out, lse, stream));
@@ -321,6 +379,7 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
+  check_impl(op, args.impl, encoding, score);
   check_encoded(op, args.encoded, dims);
   // q̃, k̃ as the forward kept them, or derived again.
   const auto [q_kept, k_kept] = Scratch::kept_halves(dims, args.encoded);
@@ -359,7 +418,12 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
     gradients.bias_grad_partials =
         reserve_elements<float>(scratch_->bias_grad_partials, kernels::flash_bias_grad_partial_floats(dims));
   }
-  if (flash) {
+  if (args.impl == AttentionImpl::cudnn) {
+    scratch_->cudnn_backward(op, dims,
+                             {in.q, in.k, in.qkv, score.scale, gradients.out, gradients.lse, gradients.dout,
+                              gradients.row_dot, gradients.dq, gradients.dk, gradients.dqkv},
+                             stream);
+  } else if (flash) {
     POPE_CUDA_CHECK(kernels::flash_attention_backward(dims, in, gradients, stream));
   } else {
     POPE_CUDA_CHECK(kernels::causal_attention_backward(dims, in, gradients, stream));

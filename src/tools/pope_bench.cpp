@@ -56,6 +56,7 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
 
 struct AttentionCommand {
   std::string json_path;
+  std::string impl = "fused";  // fused | cudnn | both → options.impls
   pope::AttentionBenchOptions options;
 };
 
@@ -85,6 +86,12 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
       ->default_val(30)
       ->check(CLI::PositiveNumber);
   attention->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file");
+  attention->add_option("--impl", cmd.impl,
+                        "who computes the attention of the encoded q̃, k̃ (attention.impl): fused (ours), cudnn "
+                        "(cuDNN's fused SDPA, encodings without a score bias only), or both, one row each per "
+                        "encoding and T")
+      ->check(CLI::IsMember({"fused", "cudnn", "both"}))
+      ->default_val("fused");
   attention->add_flag("!--atomic-dq", cmd.options.deterministic,
                       "time the fused backward with dq̃ added atomically in the key kernel (not bitwise repeatable) "
                       "instead of the deterministic query kernel");
@@ -96,7 +103,10 @@ void write_json(const std::string& path, const nlohmann::json& numbers) {
 }
 
 int run_attention(const AttentionCommand& cmd) {
-  const std::vector<pope::AttentionBenchRow> rows = pope::run_attention_benchmark(cmd.options);
+  pope::AttentionBenchOptions options = cmd.options;
+  options.impls = cmd.impl == "both" ? std::vector{pope::AttentionImpl::fused, pope::AttentionImpl::cudnn}
+                                     : std::vector{pope::attention_impl_from_name(cmd.impl)};
+  const std::vector<pope::AttentionBenchRow> rows = pope::run_attention_benchmark(options);
   std::cout << pope::format_attention_bench(rows);
   if (!cmd.json_path.empty()) write_json(cmd.json_path, pope::attention_bench_to_json(rows));
   return 0;

@@ -9,7 +9,7 @@ BENCH="$POPE_BIN/pope-bench"
 expect_exit 0 "$BENCH" --help
 expect_output "attention"
 expect_exit 0 "$BENCH" attention --help
-for opt in --encodings --lengths --tokens --heads --head-dim --warmup --repeats --json; do expect_output "$opt"; done
+for opt in --encodings --lengths --tokens --heads --head-dim --warmup --repeats --json --impl; do expect_output "$opt"; done
 
 expect_exit 2 "$BENCH" attention --encodings rope,mystery
 expect_output "mystery"
@@ -20,6 +20,8 @@ expect_output "lc_affine"
 expect_exit 2 "$BENCH" attention --lengths 1024,40000
 expect_output "--lengths"
 expect_exit 2 "$BENCH" attention --repeats 0
+expect_exit 2 "$BENCH" attention --impl flash
+expect_output "--impl"
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   expect_exit 1 "$BENCH" attention --lengths 64 --tokens 64

@@ -245,6 +245,43 @@ TEST(Config, CrossFieldRules) {
   EXPECT_NO_THROW(validate(half_rope));
 }
 
+// attention.impl = cudnn: cuDNN's SDPA takes no score bias, runs on the GPU only, and takes head
+// dims that are multiples of 8 with q/k rows of at most 256.
+TEST(Config, CudnnAttentionImplIsCheckedAgainstEncodingDeviceAndWidth) {
+  for (const std::string kind : {"nope", "rope", "rope_yarn", "pope", "pj_rotary"}) {
+    RunConfig config;
+    config.attention.impl = "cudnn";
+    config.model.position.kind = kind;
+    EXPECT_NO_THROW(validate(config)) << kind;
+  }
+  for (const std::string kind : {"alibi", "full", "affine", "rope_affine"}) {
+    expect_invalid(
+        [&](RunConfig& c) {
+          c.attention.impl = "cudnn";
+          c.model.position.kind = kind;
+        },
+        "attention.impl", {"expected fused", "model.position.kind " + kind, "score bias", "cuDNN"});
+  }
+  expect_invalid(
+      [](RunConfig& c) {
+        c.attention.impl = "cudnn";
+        c.train.device = "cpu";
+      },
+      "attention.impl", {"expected fused", "train.device cpu"});
+  expect_invalid(
+      [](RunConfig& c) {
+        c.attention.impl = "cudnn";
+        c.model.n_head = 3;  // PoPE at head dim 256: q/k rows of 512
+      },
+      "attention.impl", {"head dim 256", "q/k width 512"});
+  expect_invalid([](RunConfig& c) { c.attention.impl = "flash"; }, "attention.impl",
+                 {"expected one of fused, cudnn", "\"flash\""});
+  RunConfig fused_on_cpu;
+  fused_on_cpu.model.position.kind = "alibi";
+  fused_on_cpu.train.device = "cpu";
+  EXPECT_NO_THROW(validate(fused_on_cpu));
+}
+
 TEST(Config, BadEnumListsTheAllowedValues) {
   expect_json_error({{"model", {{"position", {{"kind", "popee"}}}}}}, "model.position.kind",
                     {"expected one of nope, none, rope, pope, alibi, rope_pi", "\"popee\""});
@@ -337,7 +374,7 @@ TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
       [](RunConfig& c) { c.train.threads = 3; },          [](RunConfig& c) { c.train.steps = 5; },
       [](RunConfig& c) { c.out_dir = "elsewhere"; },      [](RunConfig& c) { c.train.eval_every = 1; },
       [](RunConfig& c) { c.train.eval_batches = 2; },    [](RunConfig& c) { c.train.zero_stage = 1; },
-      [](RunConfig& c) { c.train.ddp_bucket_mb = 0; }};
+      [](RunConfig& c) { c.train.ddp_bucket_mb = 0; },   [](RunConfig& c) { c.attention.impl = "cudnn"; }};
   RunConfig all_changed;
   for (const auto& change : bookkeeping) {
     RunConfig changed;

@@ -374,6 +374,15 @@ TEST(CpuAttention, RejectsInconsistentArguments) {
   wrong.lse = host_tensor(c.lse, {10});
   wrong.lse.shape = {9};
   EXPECT_THROW(backend->attention_forward(wrong), std::invalid_argument);
+  // attention.impl = cudnn is a CUDA-backend comparator; the CPU has only its reference.
+  wrong = args;
+  wrong.impl = AttentionImpl::cudnn;
+  try {
+    backend->attention_forward(wrong);
+    ADD_FAILURE() << "expected the CPU backend to refuse attention.impl cudnn";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("attention.impl is cudnn"), std::string::npos) << error.what();
+  }
 
   const BrokenEncoding broken;
   wrong = args;
