@@ -20,6 +20,7 @@
 #include "attention/flash_attention.cuh"
 #include "attention/kernel_launch.cuh"
 #include "attention/mma_tiles.cuh"
+#include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
 namespace pope::kernels {
@@ -348,6 +349,14 @@ struct KeyGradLayout {
   }
 };
 
+// Tensor maps of the key kernel's TMA loads (wgmma builds; zeroed and unused otherwise): q̃, k̃
+// [B·H, T, W] and dout [B, T, C], v inside qkv [B, T, 3C] as 64-column boxes of 64 rows; lse and
+// D [B·H·T] and the bias table [H·T] as runs of 64 and 128 floats.
+struct KeyGradMaps {
+  CUtensorMap q, k, dout, v, lse, row_dot, bias;
+  int lse_shift, row_dot_shift, bias_shift;  // encode_f32_vector's coordinate shifts
+};
+
 // Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators).
 constexpr int kDqChunk = 64;
 
@@ -375,7 +384,8 @@ constexpr int query_grad_ctas_per_sm() {
 
 template <int kW, int kDv, bool kAtomicDq, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>())
-    flash_key_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
+    flash_key_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads,
+                          const __grid_constant__ KeyGradMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = KeyGradLayout<kW, kDv, kAtomicDq, kWgmma>;
   extern __shared__ __align__(16) unsigned char shared[];
@@ -412,9 +422,6 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_operand_tile_async<kW, kWgmma>(k_tile, head.k, kW, j0, kTile, T);
-  load_operand_tile_async<kDv, kWgmma>(v_tile, head.v, head.row_stride, j0, kTile, T);
-  load_queries(key_block, 0);
 
   float dk[kW / 8][4], dv[kDv / 8][4];
   clear(dk);
@@ -430,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   if (sums_lags)
     for (int x = int(threadIdx.x); x < Layout::skew_rows * Layout::skew_stride; x += kThreads) lag_skew[x] = 0.0f;
 
-  for_each_double_buffered<kWgmma>(key_block, query_blocks, load_queries, [&](int qb, int stage) {
+  auto body = [&](int qb, int stage) {
     const int step = qb - key_block, i0 = qb * kTile;
 
     const bf16* q_tile = q_tiles + stage * Layout::q;
@@ -570,7 +577,62 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
         carried_lag_sum = lag_sums[i + kTile - 1];
       }
     }
-  });
+  };
+
+  if constexpr (kWgmma) {
+#if __CUDA_ARCH__ >= 900
+    // Thread 0 loads every tile with TMA: query block qb (q̃, dout, lse, D, bias slots) into stage
+    // (qb − key_block) & 1, counted by that stage's barrier; k̃ and v with the first block. The
+    // others wait on the barrier for their data; the barrier at the end of each step keeps a stage
+    // from being refilled while a warp still reads it.
+    __shared__ std::uint64_t arrived[2];
+    if (threadIdx.x == 0) {
+      tma::init_barrier(&arrived[0], 1);
+      tma::init_barrier(&arrived[1], 1);
+      tma::fence_barrier_init();
+    }
+    __syncthreads();  // also orders the lag sums' zeroed tile before the first step's writes
+    auto issue = [&](int qb, int stage) {
+      const int i0 = qb * kTile, first = qb == key_block;
+      constexpr std::uint32_t kPanelBytes = kTile * 64 * sizeof(bf16), kRowBytes = kTile * sizeof(float);
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes + 2 * kRowBytes +
+                                  (has_bias ? kLagSlots * sizeof(float) : 0) +
+                                  (first ? (kW / 64 + kDv / 64) * kPanelBytes : 0);
+      std::uint64_t* barrier = &arrived[stage];
+      tma::arrive_expecting(barrier, bytes);
+      if (first) {
+        for (int panel = 0; panel < kW / 64; ++panel)
+          tma::load_tile(k_tile + panel * kTile * 64, &maps.k, 64 * panel, j0, head.bh, barrier);
+        tma::load_tile(v_tile, &maps.v, int(2 * head.channels) + head.h * d, j0, head.b, barrier);
+      }
+      for (int panel = 0; panel < kW / 64; ++panel)
+        tma::load_tile(q_tiles + stage * Layout::q + panel * kTile * 64, &maps.q, 64 * panel, i0, head.bh, barrier);
+      tma::load_tile(dout_tiles + stage * Layout::dout, &maps.dout, head.h * d, i0, head.b, barrier);
+      // Rows past T read the next head's lse and D (or zeros past the end): their P is masked to 0.
+      const int row0 = int(head.statistic_index(i0));
+      tma::load_vector(lse_slots + stage * kTile, &maps.lse, row0 + maps.lse_shift, barrier);
+      tma::load_vector(row_dot_slots + stage * kTile, &maps.row_dot, row0 + maps.row_dot_shift, barrier);
+      // Slot i holds b(i0 − j0 + i − 63). Lags outside [0, T) land on masked scores only (the
+      // mask is a select, so even a NaN read before the table's start is never used).
+      if (has_bias)
+        tma::load_vector(bias_slots + stage * kLagSlots, &maps.bias,
+                         head.h * T + i0 - j0 - (kTile - 1) + maps.bias_shift, barrier);
+    };
+    if (threadIdx.x == 0) issue(key_block, 0);
+    for (int qb = key_block; qb < query_blocks; ++qb) {
+      const int step = qb - key_block, stage = step & 1;
+      if (threadIdx.x == 0 && qb + 1 < query_blocks) issue(qb + 1, stage ^ 1);
+      tma::wait(&arrived[stage], (step >> 1) & 1);
+      body(qb, stage);
+      __syncthreads();
+    }
+#endif
+  } else {
+    load_operand_tile_async<kW, kWgmma>(k_tile, head.k, kW, j0, kTile, T);
+    load_operand_tile_async<kDv, kWgmma>(v_tile, head.v, head.row_stride, j0, kTile, T);
+    load_queries(key_block, 0);
+    for_each_double_buffered<kWgmma>(key_block, query_blocks, load_queries, body);
+  }
   if (sums_lags && int(threadIdx.x) < kTile) {
     const int lag = kTile * (query_blocks - 1 - key_block) + int(threadIdx.x);
     if (lag < lags_owned) partial_row[lag] = carried_lag_sum;
@@ -763,6 +825,27 @@ constexpr bool use_wgmma(int qk_width, int head_dim) {
 
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
+// The key kernel's tensor maps for one call (KeyGradMaps); cudaErrorInvalidValue where a bf16
+// tensor does not meet TMA's alignment (flash_attention_supports checks the same bases).
+cudaError_t encode_key_grad_maps(KeyGradMaps& maps, const AttentionDims& dims, const EncodedAttention& in,
+                                 const AttentionGradients& grads) {
+  const std::int64_t T = dims.seq_len, W = dims.qk_width, d = dims.head_dim, heads = std::int64_t(dims.batch) * dims.n_head;
+  const std::int64_t C = std::int64_t(dims.n_head) * d;
+  cudaError_t status = cudaSuccess;
+  auto keep = [&](cudaError_t result) {
+    if (status == cudaSuccess) status = result;
+  };
+  keep(tma::encode_bf16_tiles(&maps.q, in.q, W, T, heads, W, T * W, kTile));
+  keep(tma::encode_bf16_tiles(&maps.k, in.k, W, T, heads, W, T * W, kTile));
+  keep(tma::encode_bf16_tiles(&maps.dout, grads.dout, C, T, dims.batch, C, T * C, kTile));
+  keep(tma::encode_bf16_tiles(&maps.v, in.qkv, 3 * C, T, dims.batch, 3 * C, T * 3 * C, kTile));
+  keep(tma::encode_f32_vector(&maps.lse, grads.lse, heads * T, kTile, &maps.lse_shift));
+  keep(tma::encode_f32_vector(&maps.row_dot, grads.row_dot, heads * T, kTile, &maps.row_dot_shift));
+  if (in.score.bias != nullptr)
+    keep(tma::encode_f32_vector(&maps.bias, in.score.bias, dims.n_head * T, kLagSlots, &maps.bias_shift));
+  return status;
+}
+
 }  // namespace
 
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in) {
@@ -799,15 +882,22 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
   status = with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
     constexpr bool kWgmma = use_wgmma(kW, kDv);
+    KeyGradMaps maps{};  // the wgmma key kernel loads with TMA
+    if constexpr (kWgmma) {
+      const cudaError_t encoded = encode_key_grad_maps(maps, dims, in, grads);
+      if (encoded != cudaSuccess) return encoded;
+    }
     if (!grads.deterministic) {  // dq̃ summed by atomic adds in the key kernel
       const std::size_t dq_bytes = std::size_t(dims.batch) * dims.n_head * dims.seq_len * kW * sizeof(float);
       const cudaError_t zeroed = cudaMemsetAsync(grads.dq, 0, dq_bytes, stream);
       if (zeroed != cudaSuccess) return zeroed;
       return launch_with_shared<flash_key_grad_kernel<kW, kDv, true, kWgmma>>(
-          tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, true, kWgmma>::bytes(bias_grad), stream, dims, in, grads);
+          tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, true, kWgmma>::bytes(bias_grad), stream, dims, in, grads,
+          maps);
     }
     const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv, false, kWgmma>>(
-        tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, false, kWgmma>::bytes(bias_grad), stream, dims, in, grads);
+        tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, false, kWgmma>::bytes(bias_grad), stream, dims, in, grads,
+        maps);
     if (keys != cudaSuccess) return keys;
     return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma>>(
         tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads);
