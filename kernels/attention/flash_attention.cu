@@ -106,6 +106,43 @@ __device__ inline float quad_max(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+// ---------------------------------------------------------------- TMA loads (wgmma builds)
+
+// Tensor maps of one call (zeroed and unused in builds without wgmma): q̃, k̃ [B·H, T, W], dout
+// [B, T, C] and v inside qkv [B, T, 3C] as 64-column boxes of 64 rows; lse and D [B·H·T] as runs
+// of 64 floats; the bias table [H·T] as runs of 128 (kLagSlots: a 64 × 64 tile's lags) and of
+// 192 (kForwardRows + kTile: the forward's 128 × 64 tile) floats.
+struct AttentionMaps {
+  CUtensorMap q, k, dout, v, lse, row_dot, bias_tile, bias_rows;
+  int lse_shift, row_dot_shift, bias_shift;  // tma::encode_f32_vector's coordinate shifts
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr std::uint32_t kPanelBytes = kTile * 64 * sizeof(__nv_bfloat16);  // one 64 × 64 bf16 box
+
+// The kWidth / 64 panels of 64 rows from (column0, row0, group) into rows starting at `tile` of
+// a swizzled tile of tile_rows rows (its panels tile_rows · 64 elements apart).
+template <int kWidth>
+__device__ void load_panels(__nv_bfloat16* tile, const CUtensorMap* map, int column0, int row0, int group,
+                            std::uint64_t* barrier, int tile_rows = kTile) {
+#pragma unroll
+  for (int panel = 0; panel < kWidth / 64; ++panel)
+    tma::load_tile(tile + panel * tile_rows * 64, map, column0 + 64 * panel, row0, group, barrier);
+}
+
+// Bias slots of a tile with i0 − j0 = lag0 for the head whose table row starts at element
+// `row_start`: slot i holds b(lag0 + i − 63), kRows + 64 of them (kLagSlots or the forward's).
+// Lags outside [0, T) land on masked scores only, and the masks are selects, so what they read
+// there (the neighbouring heads' entries, zeros past the table, or up to three floats before its
+// start) is never used.
+template <int kRows = kTile>
+__device__ void load_bias_slots(float* slots, const AttentionMaps& maps, int row_start_plus_lag0,
+                                std::uint64_t* barrier) {
+  const CUtensorMap* map = kRows == kTile ? &maps.bias_tile : &maps.bias_rows;
+  tma::load_vector(slots, map, row_start_plus_lag0 - (kTile - 1) + maps.bias_shift, barrier);
+}
+#endif
+
 // ---------------------------------------------------------------- forward
 
 // 128 query rows per CTA. mma.sync (sm_80 on): 4 warps × 32 rows (two 16-row fragments), so
@@ -160,7 +197,8 @@ __device__ void load_operand_tile_async(bf16* tile, const bf16* source, std::int
 
 template <int kW, int kDv, bool kWgmma>
 __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
-    flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse) {
+    flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse,
+                         const __grid_constant__ AttentionMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = ForwardLayout<kW, kDv, kWgmma>;
   constexpr int kFragments = ForwardShape<kWgmma>::fragments;
@@ -191,8 +229,6 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kForwardRows, T);
-  load_keys(0, 0);  // one group with the queries
 
   float o[kFragments][kDv / 8][4];
   float row_max[kFragments][2], row_sum[kFragments][2];
@@ -204,7 +240,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   }
   const int key_end = i0 + kForwardRows < T ? i0 + kForwardRows : T;
   const int key_blocks = (key_end + kTile - 1) / kTile;
-  for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, [&](int kb, int stage) {
+  auto body = [&](int kb, int stage) {
     const int j0 = kb * kTile;
 
     // Tiles wholly above the rows that multiply together (a warp's, or a warpgroup's) add nothing.
@@ -304,7 +340,32 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
           }
         }
     }
-  });
+  };
+  if constexpr (kWgmma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Thread 0 loads with TMA: key block kb's k̃, v and bias slots, and the 128 query rows (two
+    // boxes of 64) with the first (tma::for_each_loaded).
+    auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
+      const int j0 = kb * kTile;
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes + (kb == 0 ? 2 * (kW / 64) * kPanelBytes : 0) +
+                                  (has_bias ? Layout::lag_slots * sizeof(float) : 0);
+      tma::arrive_expecting(barrier, bytes);
+      if (kb == 0)
+        for (int half = 0; half < 2; ++half)
+          load_panels<kW>(q_tile + half * kTile * 64, &maps.q, 0, i0 + half * kTile, head.bh, barrier, kForwardRows);
+      load_panels<kW>(k_tiles + stage * Layout::k, &maps.k, 0, j0, head.bh, barrier);
+      load_panels<kDv>(v_tiles + stage * Layout::v, &maps.v, int(2 * head.channels) + head.h * dims.head_dim, j0,
+                       head.b, barrier);
+      if (has_bias)
+        load_bias_slots<kForwardRows>(bias_slots + stage * Layout::lag_slots, maps, head.h * T + i0 - j0, barrier);
+    };
+    tma::for_each_loaded(0, key_blocks, issue, body);
+#endif
+  } else {
+    load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kForwardRows, T);
+    load_keys(0, 0);  // one group with the queries
+    for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, body);
+  }
 
 #pragma unroll
   for (int f = 0; f < kFragments; ++f)
@@ -349,20 +410,13 @@ struct KeyGradLayout {
   }
 };
 
-// Tensor maps of the key kernel's TMA loads (wgmma builds; zeroed and unused otherwise): q̃, k̃
-// [B·H, T, W] and dout [B, T, C], v inside qkv [B, T, 3C] as 64-column boxes of 64 rows; lse and
-// D [B·H·T] and the bias table [H·T] as runs of 64 and 128 floats.
-struct KeyGradMaps {
-  CUtensorMap q, k, dout, v, lse, row_dot, bias;
-  int lse_shift, row_dot_shift, bias_shift;  // encode_f32_vector's coordinate shifts
-};
 
 // Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators).
 constexpr int kDqChunk = 64;
 
 // grads.dq[row t] += pair (values in columns col, col + 1), atomically.
 __device__ inline void atomic_add_pair(float* address, float first, float second) {
-#if __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   atomicAdd(reinterpret_cast<float2*>(address), make_float2(first, second));
 #else
   atomicAdd(address, first);
@@ -385,7 +439,7 @@ constexpr int query_grad_ctas_per_sm() {
 template <int kW, int kDv, bool kAtomicDq, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>())
     flash_key_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads,
-                          const __grid_constant__ KeyGradMaps maps) {
+                          const __grid_constant__ AttentionMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = KeyGradLayout<kW, kDv, kAtomicDq, kWgmma>;
   extern __shared__ __align__(16) unsigned char shared[];
@@ -580,52 +634,28 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   };
 
   if constexpr (kWgmma) {
-#if __CUDA_ARCH__ >= 900
-    // Thread 0 loads every tile with TMA: query block qb (q̃, dout, lse, D, bias slots) into stage
-    // (qb − key_block) & 1, counted by that stage's barrier; k̃ and v with the first block. The
-    // others wait on the barrier for their data; the barrier at the end of each step keeps a stage
-    // from being refilled while a warp still reads it.
-    __shared__ std::uint64_t arrived[2];
-    if (threadIdx.x == 0) {
-      tma::init_barrier(&arrived[0], 1);
-      tma::init_barrier(&arrived[1], 1);
-      tma::fence_barrier_init();
-    }
-    __syncthreads();  // also orders the lag sums' zeroed tile before the first step's writes
-    auto issue = [&](int qb, int stage) {
-      const int i0 = qb * kTile, first = qb == key_block;
-      constexpr std::uint32_t kPanelBytes = kTile * 64 * sizeof(bf16), kRowBytes = kTile * sizeof(float);
-      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes + 2 * kRowBytes +
-                                  (has_bias ? kLagSlots * sizeof(float) : 0) +
-                                  (first ? (kW / 64 + kDv / 64) * kPanelBytes : 0);
-      std::uint64_t* barrier = &arrived[stage];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Thread 0 loads every tile with TMA: query block qb (q̃, dout, lse, D, bias slots), and k̃
+    // and v with the first block (tma::for_each_loaded).
+    auto issue = [&](int qb, int stage, std::uint64_t* barrier) {
+      const int i0 = qb * kTile;
+      const bool first = qb == key_block;
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (first ? 2 : 1) + 2 * kTile * sizeof(float) +
+                                  (has_bias ? kLagSlots * sizeof(float) : 0);
       tma::arrive_expecting(barrier, bytes);
       if (first) {
-        for (int panel = 0; panel < kW / 64; ++panel)
-          tma::load_tile(k_tile + panel * kTile * 64, &maps.k, 64 * panel, j0, head.bh, barrier);
-        tma::load_tile(v_tile, &maps.v, int(2 * head.channels) + head.h * d, j0, head.b, barrier);
+        load_panels<kW>(k_tile, &maps.k, 0, j0, head.bh, barrier);
+        load_panels<kDv>(v_tile, &maps.v, int(2 * head.channels) + head.h * d, j0, head.b, barrier);
       }
-      for (int panel = 0; panel < kW / 64; ++panel)
-        tma::load_tile(q_tiles + stage * Layout::q + panel * kTile * 64, &maps.q, 64 * panel, i0, head.bh, barrier);
-      tma::load_tile(dout_tiles + stage * Layout::dout, &maps.dout, head.h * d, i0, head.b, barrier);
+      load_panels<kW>(q_tiles + stage * Layout::q, &maps.q, 0, i0, head.bh, barrier);
+      load_panels<kDv>(dout_tiles + stage * Layout::dout, &maps.dout, head.h * d, i0, head.b, barrier);
       // Rows past T read the next head's lse and D (or zeros past the end): their P is masked to 0.
       const int row0 = int(head.statistic_index(i0));
       tma::load_vector(lse_slots + stage * kTile, &maps.lse, row0 + maps.lse_shift, barrier);
       tma::load_vector(row_dot_slots + stage * kTile, &maps.row_dot, row0 + maps.row_dot_shift, barrier);
-      // Slot i holds b(i0 − j0 + i − 63). Lags outside [0, T) land on masked scores only (the
-      // mask is a select, so even a NaN read before the table's start is never used).
-      if (has_bias)
-        tma::load_vector(bias_slots + stage * kLagSlots, &maps.bias,
-                         head.h * T + i0 - j0 - (kTile - 1) + maps.bias_shift, barrier);
+      if (has_bias) load_bias_slots(bias_slots + stage * kLagSlots, maps, head.h * T + i0 - j0, barrier);
     };
-    if (threadIdx.x == 0) issue(key_block, 0);
-    for (int qb = key_block; qb < query_blocks; ++qb) {
-      const int step = qb - key_block, stage = step & 1;
-      if (threadIdx.x == 0 && qb + 1 < query_blocks) issue(qb + 1, stage ^ 1);
-      tma::wait(&arrived[stage], (step >> 1) & 1);
-      body(qb, stage);
-      __syncthreads();
-    }
+    tma::for_each_loaded(key_block, query_blocks, issue, body);
 #endif
   } else {
     load_operand_tile_async<kW, kWgmma>(k_tile, head.k, kW, j0, kTile, T);
@@ -688,7 +718,8 @@ struct QueryGradLayout {
 // dq̃ from dS in registers and k̃ as the N-major operand.
 template <int kW, int kDv, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
-    flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
+    flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads,
+                            const __grid_constant__ AttentionMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = QueryGradLayout<kW, kDv, kWgmma>;
   extern __shared__ __align__(16) unsigned char shared[];
@@ -713,10 +744,6 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kTile, T);
-  load_operand_tile_async<kDv, kWgmma>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0, kTile,
-                                       T);
-  load_keys(0, 0);
 
   // This lane's two rows: lse in log2 units (+∞ past T, so that P is 0 there) and D.
   float lse2[2], row_dot[2];
@@ -730,7 +757,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
   float dq[kW / 8][4];
   clear(dq);
   const int key_blocks = q_block + 1;
-  for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, [&](int kb, int stage) {
+  auto body = [&](int kb, int stage) {
 
     const bf16* k_tile = k_tiles + stage * Layout::k;
     const bf16* v_tile = v_tiles + stage * Layout::v;
@@ -777,7 +804,33 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     } else {
       mma_a_registers_b_columns<kScoreSteps, kW, kW>(dq, a, k_tile);
     }
-  });
+  };
+  if constexpr (kWgmma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Thread 0 loads with TMA: key block kb's k̃, v and bias slots, and q̃, dout with the first
+    // (tma::for_each_loaded).
+    auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
+      const int j0 = kb * kTile;
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (kb == 0 ? 2 : 1) +
+                                  (has_bias ? kLagSlots * sizeof(float) : 0);
+      tma::arrive_expecting(barrier, bytes);
+      if (kb == 0) {
+        load_panels<kW>(q_tile, &maps.q, 0, i0, head.bh, barrier);
+        load_panels<kDv>(dout_tile, &maps.dout, head.h * d, i0, head.b, barrier);
+      }
+      load_panels<kW>(k_tiles + stage * Layout::k, &maps.k, 0, j0, head.bh, barrier);
+      load_panels<kDv>(v_tiles + stage * Layout::v, &maps.v, int(2 * head.channels) + head.h * d, j0, head.b, barrier);
+      if (has_bias) load_bias_slots(bias_slots + stage * kLagSlots, maps, head.h * T + i0 - j0, barrier);
+    };
+    tma::for_each_loaded(0, key_blocks, issue, body);
+#endif
+  } else {
+    load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kTile, T);
+    load_operand_tile_async<kDv, kWgmma>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0,
+                                         kTile, T);
+    load_keys(0, 0);
+    for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, body);
+  }
 
   const float scale = in.score.scale;
 #pragma unroll
@@ -825,10 +878,10 @@ constexpr bool use_wgmma(int qk_width, int head_dim) {
 
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
-// The key kernel's tensor maps for one call (KeyGradMaps); cudaErrorInvalidValue where a bf16
-// tensor does not meet TMA's alignment (flash_attention_supports checks the same bases).
-cudaError_t encode_key_grad_maps(KeyGradMaps& maps, const AttentionDims& dims, const EncodedAttention& in,
-                                 const AttentionGradients& grads) {
+// The tensor maps of one call (AttentionMaps), lse and D only with `grads`; cudaErrorInvalidValue
+// where a bf16 tensor does not meet TMA's alignment (flash_attention_supports checks the bases).
+cudaError_t encode_attention_maps(AttentionMaps& maps, const AttentionDims& dims, const EncodedAttention& in,
+                                  const AttentionGradients* grads) {
   const std::int64_t T = dims.seq_len, W = dims.qk_width, d = dims.head_dim, heads = std::int64_t(dims.batch) * dims.n_head;
   const std::int64_t C = std::int64_t(dims.n_head) * d;
   cudaError_t status = cudaSuccess;
@@ -837,12 +890,17 @@ cudaError_t encode_key_grad_maps(KeyGradMaps& maps, const AttentionDims& dims, c
   };
   keep(tma::encode_bf16_tiles(&maps.q, in.q, W, T, heads, W, T * W, kTile));
   keep(tma::encode_bf16_tiles(&maps.k, in.k, W, T, heads, W, T * W, kTile));
-  keep(tma::encode_bf16_tiles(&maps.dout, grads.dout, C, T, dims.batch, C, T * C, kTile));
   keep(tma::encode_bf16_tiles(&maps.v, in.qkv, 3 * C, T, dims.batch, 3 * C, T * 3 * C, kTile));
-  keep(tma::encode_f32_vector(&maps.lse, grads.lse, heads * T, kTile, &maps.lse_shift));
-  keep(tma::encode_f32_vector(&maps.row_dot, grads.row_dot, heads * T, kTile, &maps.row_dot_shift));
-  if (in.score.bias != nullptr)
-    keep(tma::encode_f32_vector(&maps.bias, in.score.bias, dims.n_head * T, kLagSlots, &maps.bias_shift));
+  if (in.score.bias != nullptr) {
+    int same_shift = 0;  // one base, so the same shift as bias_tile's
+    keep(tma::encode_f32_vector(&maps.bias_tile, in.score.bias, dims.n_head * T, kLagSlots, &maps.bias_shift));
+    keep(tma::encode_f32_vector(&maps.bias_rows, in.score.bias, dims.n_head * T, kForwardRows + kTile, &same_shift));
+  }
+  if (grads != nullptr) {
+    keep(tma::encode_bf16_tiles(&maps.dout, grads->dout, C, T, dims.batch, C, T * C, kTile));
+    keep(tma::encode_f32_vector(&maps.lse, grads->lse, heads * T, kTile, &maps.lse_shift));
+    keep(tma::encode_f32_vector(&maps.row_dot, grads->row_dot, heads * T, kTile, &maps.row_dot_shift));
+  }
   return status;
 }
 
@@ -866,9 +924,14 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
   return with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
     constexpr bool kWgmma = use_wgmma(kW, kDv);
+    AttentionMaps maps{};  // the wgmma kernels load with TMA
+    if constexpr (kWgmma) {
+      const cudaError_t encoded = encode_attention_maps(maps, dims, in, nullptr);
+      if (encoded != cudaSuccess) return encoded;
+    }
     return launch_with_shared<flash_forward_kernel<kW, kDv, kWgmma>>(
         tile_grid(dims, kForwardRows), ForwardShape<kWgmma>::threads, ForwardLayout<kW, kDv, kWgmma>::bytes, stream,
-        dims, in, out, lse);
+        dims, in, out, lse, maps);
   });
 }
 
@@ -882,9 +945,9 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
   status = with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
     constexpr bool kWgmma = use_wgmma(kW, kDv);
-    KeyGradMaps maps{};  // the wgmma key kernel loads with TMA
+    AttentionMaps maps{};  // the wgmma kernels load with TMA
     if constexpr (kWgmma) {
-      const cudaError_t encoded = encode_key_grad_maps(maps, dims, in, grads);
+      const cudaError_t encoded = encode_attention_maps(maps, dims, in, &grads);
       if (encoded != cudaSuccess) return encoded;
     }
     if (!grads.deterministic) {  // dq̃ summed by atomic adds in the key kernel
@@ -900,7 +963,7 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
         maps);
     if (keys != cudaSuccess) return keys;
     return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma>>(
-        tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads);
+        tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads, maps);
   });
   if (status != cudaSuccess || !bias_grad) return status;
   constexpr int kReduceThreads = 256;

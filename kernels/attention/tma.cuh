@@ -80,6 +80,30 @@ __device__ inline void load_vector(void* slots, const CUtensorMap* map, int firs
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(first), "r"(detail::shared_address(barrier))
       : "memory");
 }
+
+// The loop of the TMA-loading kernels, for blocks b in [first, end): thread 0 calls
+// issue(b, stage, barrier) to announce and start block b's copies into shared stage
+// (b − first) & 1, one block ahead; every thread waits for its block's copies on the stage's
+// barrier, runs body(b, stage), and meets the others at the block's end, after which thread 0 may
+// refill the stage. All threads of the block call this.
+template <class Issue, class Body>
+__device__ __forceinline__ void for_each_loaded(int first, int end, Issue&& issue, Body&& body) {
+  __shared__ std::uint64_t arrived[2];
+  if (threadIdx.x == 0) {
+    init_barrier(&arrived[0], 1);
+    init_barrier(&arrived[1], 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && first < end) issue(first, 0, &arrived[0]);
+  for (int b = first; b < end; ++b) {
+    const int step = b - first, stage = step & 1;
+    if (threadIdx.x == 0 && b + 1 < end) issue(b + 1, stage ^ 1, &arrived[stage ^ 1]);
+    wait(&arrived[stage], (step >> 1) & 1);  // a stage's barrier completes once per two blocks
+    body(b, stage);
+    __syncthreads();
+  }
+}
 #endif
 
 }  // namespace pope::kernels::tma
