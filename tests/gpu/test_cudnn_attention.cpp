@@ -70,7 +70,9 @@ void expect_cudnn_matches_fused(const Problem& p) {
     EXPECT_LT(relative_error(cudnn.grads[i], fused.grads[i]), kParameterGradTolerance) << "position grad " << i;
 }
 
-class CudnnAttention : public ::testing::Test {
+// A fixture (plain or parameterised) whose tests skip, visibly, without a GPU or without cuDNN.
+template <class Fixture>
+class NeedsCudnn : public Fixture {
  protected:
   void SetUp() override {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
@@ -80,15 +82,8 @@ class CudnnAttention : public ::testing::Test {
   }
 };
 
-class CudnnAttentionVsFused : public ::testing::TestWithParam<std::tuple<EncodingCase, int>> {
- protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-#ifndef POPE_HAVE_CUDNN
-    GTEST_SKIP() << "built without cuDNN";
-#endif
-  }
-};
+class CudnnAttention : public NeedsCudnn<::testing::Test> {};
+class CudnnAttentionVsFused : public NeedsCudnn<::testing::TestWithParam<std::tuple<EncodingCase, int>>> {};
 
 TEST_P(CudnnAttentionVsFused, MatchesFusedKernels) {
   const auto& [encoding_case, seq_len] = GetParam();
