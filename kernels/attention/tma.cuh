@@ -61,7 +61,8 @@ __device__ inline void wait(std::uint64_t* barrier, int parity) {
       : "memory");
 }
 
-// Box (column, row, group) of a encode_bf16_tiles map into `tile` (1024-byte aligned).
+// Box (column, row, group) of an encode_bf16_tiles map into `tile` (1024-byte aligned: the swizzle
+// pattern is 8 rows of 128 bytes).
 __device__ inline void load_tile(void* tile, const CUtensorMap* map, int column, int row, int group,
                                  std::uint64_t* barrier) {
   asm volatile(
@@ -72,7 +73,8 @@ __device__ inline void load_tile(void* tile, const CUtensorMap* map, int column,
       : "memory");
 }
 
-// Box starting at element `first` of an encode_f32_vector map into `slots` (16-byte aligned).
+// Box starting at element `first` of an encode_f32_vector map into `slots` (128-byte aligned, as
+// every TMA destination here: the kernels' statistics and bias stages are laid out so).
 __device__ inline void load_vector(void* slots, const CUtensorMap* map, int first, std::uint64_t* barrier) {
   asm volatile(
       "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::"r"(

@@ -18,7 +18,7 @@ __global__ void tma_copies_kernel(const __grid_constant__ CUtensorMap matrix_map
                                   int first0, int first1, bf16* tile_out, float* runs_out, int* supported) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ __align__(1024) bf16 tile[kMaxPanels * 64 * 64];
-  __shared__ __align__(16) float runs[2 * 64];
+  __shared__ __align__(128) float runs[2 * 64];  // TMA writes shared memory at 128-byte alignment
   __shared__ std::uint64_t arrived;
   const int t = int(threadIdx.x);
   if (t == 0) {
