@@ -1,6 +1,7 @@
 // Fused causal attention on tensor cores (see flash_attention.cuh and mma_tiles.cuh).
 //   forward:    CTA = (b·H + h, 128 query rows), 4 warps × 32 rows; streams 64-key tiles of k̃
-//               and v up to the diagonal through double-buffered shared memory (cp.async).
+//               and v up to the diagonal through double-buffered shared memory (cp.async by all
+//               threads; in the wgmma kernels TMA copies issued by thread 0, tma.cuh).
 //   key grad:   CTA = (b·H + h, 64 keys); streams 64-query tiles of q̃, dout, lse and D from the
 //               diagonal to the end, sums dk̃ and dv in registers; with a bias gradient it also
 //               sums dS along lags into its own partial row (no atomics). Non-deterministic
@@ -9,10 +10,10 @@
 //               (deterministic mode).
 // In the backward, query and key blocks are both 64 rows, so only the diagonal tile needs the
 // causal mask; in the forward the last two key tiles of a 128-row block do. Tiles above the
-// diagonal are never visited. Rows past T are zero-filled on load and never stored.
+// diagonal are never visited. Rows past T are zero-filled on load (by the copies) and never stored.
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2.
 // The per-score code is branch-free: masks are selects after the exponential, and the bias is a
-// compile-time choice per call (with_bias), so the unrolled loops stay straight-line code.
+// compile-time choice per call at W = 64 (with_bias), so the unrolled loops stay straight-line code.
 #include <cstdint>
 #include <type_traits>
 
