@@ -12,7 +12,7 @@
 // diagonal are never visited. Rows past T are zero-filled on load and never stored.
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2.
 // The per-score code is branch-free: masks are selects after the exponential, and the bias is a
-// compile-time choice per call (with_bias), so the unrolled loops stay straight-line code.
+// compile-time choice per call at W = 64 (with_bias), so the unrolled loops stay straight-line code.
 #include <cstdint>
 #include <type_traits>
 
