@@ -12,16 +12,31 @@
 #      overlapped all-reduce without ZeRO-1, ZeRO-1's reduce-scatter after the backward), and the
 #      device time per step phase of 774M RoPE on 1 and 2 GPUs (train.phase_timing).
 # Prints a table last. Logs go to $OUT (or /tmp/pope_multi_gpu).
-# Usage: scripts/multi_gpu_check.sh [--scaling-only | --no-faults] [scaling steps (default 20)]
+# Usage: scripts/multi_gpu_check.sh [--scaling-only | --no-faults] [--ranks N] [scaling steps (default 20)]
 #   --scaling-only  section 3 alone;  --no-faults  sections 1 and 3 (the fault runs take minutes)
+#   --ranks N       the scaling section on N GPUs (default 2; other than 2 with --scaling-only only:
+#                   the parity and fault runs are written for two ranks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SCALING_ONLY=0 FAULTS=1
-case "${1:-}" in
-  --scaling-only) SCALING_ONLY=1 FAULTS=0; shift ;;
-  --no-faults) FAULTS=0; shift ;;
-esac
+SCALING_ONLY=0 FAULTS=1 RANKS=2
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --scaling-only) SCALING_ONLY=1 FAULTS=0; shift ;;
+    --no-faults) FAULTS=0; shift ;;
+    --ranks) RANKS="${2:-}"; shift 2 || shift ;;
+    *) break ;;
+  esac
+done
 STEPS="${1:-20}"
+if ! [[ "$RANKS" =~ ^[0-9]+$ ]] || [ "$RANKS" -lt 2 ]; then
+  echo "multi_gpu_check: --ranks expects a whole number of GPUs ≥ 2, got '$RANKS'"; exit 2
+fi
+if [ "$RANKS" != 2 ] && [ "$SCALING_ONLY" = 0 ]; then
+  echo "multi_gpu_check: --ranks $RANKS needs --scaling-only (the parity and fault runs are written for two ranks)"; exit 2
+fi
+if ! [[ "$STEPS" =~ ^[0-9]+$ ]] || [ "$STEPS" -lt 10 ]; then
+  echo "multi_gpu_check: scaling steps expects a whole number ≥ 10 (tokens/s is logged every 10 steps), got '$STEPS'"; exit 2
+fi
 LOGS="${OUT:-/tmp/pope_multi_gpu}"
 RUNS=/tmp/pope_multi_gpu_runs
 mkdir -p "$LOGS"
@@ -29,6 +44,7 @@ rm -rf "$RUNS" && mkdir -p "$RUNS"
 export PATH="/opt/torch/.venv/bin:$PATH" NCCL_NVLS_ENABLE=0 POPE_NCCL_TIMEOUT_S="${POPE_NCCL_TIMEOUT_S:-60}"
 TRAIN=build/gpu/src/pope-train
 MPIRUN=(mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x POPE_NCCL_TIMEOUT_S -x PATH)
+SCALE_MPIRUN=("${MPIRUN[@]}"); SCALE_MPIRUN[2]=$RANKS  # -np of the scaling section
 declare -a ROWS
 
 # Each row is printed as soon as it is known (a run cut short by a time limit keeps what it
@@ -38,7 +54,7 @@ verdict() { if [ "$1" = 0 ]; then echo PASS; else echo FAIL; fi; }
 since() { python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$1"; }
 
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$LOGS/gpus.txt"
-if [ "$(wc -l <"$LOGS/gpus.txt")" -lt 2 ]; then echo "multi_gpu_check: needs 2 GPUs"; exit 77; fi
+if [ "$(wc -l <"$LOGS/gpus.txt")" -lt "$RANKS" ]; then echo "multi_gpu_check: needs $RANKS GPUs"; exit 77; fi
 if ! cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOGS/configure.log" 2>&1; then
   tail -40 "$LOGS/configure.log"; exit 1
 fi
@@ -171,39 +187,39 @@ t=[x for x in r if x['event']=='train']; print(f\"{t[-1]['tokens_per_second']:.0
     || echo 0
 }
 ratio() { python3 -c "print(f'{$1 / max($2, 1):.2f}')"; }
-scale_args() {  # size kind: 1 micro-batch per GPU on 2 GPUs, 2 accumulated on 1
+scale_args() {  # size kind: 1 micro-batch per GPU on RANKS GPUs, RANKS accumulated on 1
   local micro=32; [ "$1" = 774m ] && micro=16
   ARGS=(--no-checkpoints --config configs/owt_$1.json --device cuda --set data.train=data/demo/train.bin
         --set data.val=data/demo/val.bin --set model.position.kind=$2 --set train.steps="$STEPS"
         --set train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=0
-        --set train.micro_batch_size=$micro --set train.batch_size=$((2 * micro)))
+        --set train.micro_batch_size=$micro --set train.batch_size=$((RANKS * micro)))
 }
 for size in 124m 774m; do
   for kind in rope pope; do
     scale_args $size $kind
     $TRAIN "${ARGS[@]}" --out "$RUNS/scale_one_${size}_$kind" >"$LOGS/scale_one_${size}_$kind.log" 2>&1
-    "${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --out "$RUNS/scale_two_${size}_$kind" \
+    "${SCALE_MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --out "$RUNS/scale_two_${size}_$kind" \
       >"$LOGS/scale_two_${size}_$kind.log" 2>&1
     one=$(tokens_per_second "$RUNS/scale_one_${size}_$kind")
     two=$(tokens_per_second "$RUNS/scale_two_${size}_$kind")
     row "scaling $size $kind, global batch ${ARGS[-1]#*=} × 1024" \
-      "1 GPU $one tok/s, 2 GPUs ZeRO-1 $two tok/s, ×$(ratio "$two" "$one")"
+      "1 GPU $one tok/s, $RANKS GPUs ZeRO-1 $two tok/s, ×$(ratio "$two" "$one")"
   done
 done
 
-# 774M RoPE on 2 GPUs with the other reductions, against the 1-GPU run above.
+# 774M RoPE on RANKS GPUs with the other reductions, against the 1-GPU run above.
 scale_args 774m rope
 one=$(tokens_per_second "$RUNS/scale_one_774m_rope")
 for variant in "train.zero_stage=0" "train.ddp_bucket_mb=0"; do
   name=${variant//[^a-z0-9]/_}
-  "${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --set "$variant" --out "$RUNS/scale_two_774m_$name" \
+  "${SCALE_MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --set "$variant" --out "$RUNS/scale_two_774m_$name" \
     >"$LOGS/scale_two_774m_$name.log" 2>&1
   two=$(tokens_per_second "$RUNS/scale_two_774m_$name")
-  row "scaling 774m rope, 2 GPUs, $(grep -m1 -oE "gradients: [^;]*" "$LOGS/scale_two_774m_$name.log")" \
+  row "scaling 774m rope, $RANKS GPUs, $(grep -m1 -oE "gradients: [^;]*" "$LOGS/scale_two_774m_$name.log")" \
     "$two tok/s, ×$(ratio "$two" "$one")"
 done
 
-# Where a step's time goes, 1 GPU against 2 with ZeRO-1 (timed steps run eagerly).
+# Where a step's time goes, 1 GPU against RANKS with ZeRO-1 (timed steps run eagerly).
 phases() {  # run dir: the last window's mean ms per phase
   python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; \
 p=[x for x in r if x['event']=='train'][-1]['phase_ms']; \
@@ -212,9 +228,9 @@ print(', '.join(f'{k} {v:.1f}' for k, v in p.items()) + f' (sum {sum(p.values())
 }
 $TRAIN "${ARGS[@]}" --set train.phase_timing=true --out "$RUNS/phases_one_774m" >"$LOGS/phases_one_774m.log" 2>&1
 row "phases 774m rope, 1 GPU" "$(phases "$RUNS/phases_one_774m")"
-"${MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --set train.phase_timing=true \
+"${SCALE_MPIRUN[@]}" $TRAIN "${ARGS[@]}" --set train.zero_stage=1 --set train.phase_timing=true \
   --out "$RUNS/phases_two_774m" >"$LOGS/phases_two_774m.log" 2>&1
-row "phases 774m rope, 2 GPUs ZeRO-1 (rank 0)" "$(phases "$RUNS/phases_two_774m")"
+row "phases 774m rope, $RANKS GPUs ZeRO-1 (rank 0)" "$(phases "$RUNS/phases_two_774m")"
 
 echo
 echo "| check | result |"
