@@ -77,7 +77,7 @@ __device__ inline void load_tile(void* tile, const CUtensorMap* map, int column,
 // every TMA destination here: the kernels' statistics and bias stages are laid out so).
 __device__ inline void load_vector(void* slots, const CUtensorMap* map, int first, std::uint64_t* barrier) {
   asm volatile(
-      "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::"r"(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, 0}], [%3];\n" ::"r"(
           detail::shared_address(slots)),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(first), "r"(detail::shared_address(barrier))
       : "memory");
