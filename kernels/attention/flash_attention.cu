@@ -118,6 +118,20 @@ struct AttentionMaps {
   int lse_shift, row_dot_shift, bias_shift;  // tma::encode_f32_vector's coordinate shifts
 };
 
+// The bias map's element for slot 0 of a tile with i0 − j0 = lag0, for the head whose table row
+// starts at element `row_start` (slot i holds b(lag0 + i − 63)).
+__host__ __device__ inline int bias_run_first(const AttentionMaps& maps, int row_start_plus_lag0) {
+  return row_start_plus_lag0 - (kTile - 1) + maps.bias_shift;
+}
+
+// The slot of a stage where a run of floats starting at map element `first` begins: TMA puts it
+// tma::vector_lead slots in, the cp.async loads of builds without wgmma at slot 0. Stages are
+// tma::vector_slots(run) floats apart in both.
+template <bool kWgmma>
+__host__ __device__ constexpr int run_lead(int first) {
+  return kWgmma ? tma::vector_lead(first) : 0;
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr std::uint32_t kPanelBytes = kTile * 64 * sizeof(__nv_bfloat16);  // one 64 × 64 bf16 box
 
@@ -132,7 +146,8 @@ __device__ void load_panels(__nv_bfloat16* tile, const CUtensorMap* map, int col
 }
 
 // Bias slots of a tile with i0 − j0 = lag0 for the head whose table row starts at element
-// `row_start`: slot i holds b(lag0 + i − 63), kRows + 64 of them (kLagSlots or the forward's).
+// `row_start`: slot run_lead + i holds b(lag0 + i − 63), kRows + 64 of them (kLagSlots or the
+// forward's).
 // Lags outside [0, T) land on masked scores only, and the masks are selects, so what they read
 // there (the neighbouring heads' entries, zeros past the table, or up to three floats before its
 // start) is never used.
@@ -140,7 +155,7 @@ template <int kRows = kTile>
 __device__ void load_bias_slots(float* slots, const AttentionMaps& maps, int row_start_plus_lag0,
                                 std::uint64_t* barrier) {
   const CUtensorMap* map = kRows == kTile ? &maps.bias_tile : &maps.bias_rows;
-  tma::load_vector(slots, map, row_start_plus_lag0 - (kTile - 1) + maps.bias_shift, barrier);
+  tma::load_vector(slots, map, bias_run_first(maps, row_start_plus_lag0), barrier);
 }
 #endif
 
@@ -166,9 +181,10 @@ struct ForwardLayout {
   static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));
   static constexpr int v = kTile * (kWgmma ? kDv : padded_stride(kDv));
   static constexpr int lag_slots = kForwardRows + kTile;
+  static constexpr int lag_stage = tma::vector_slots(lag_slots);
   // wgmma: + 1024, the kernel rounds its shared memory's start up to a whole swizzle pattern.
   static constexpr std::size_t bytes =
-      std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_slots * sizeof(float) + (kWgmma ? 1024 : 0);
+      std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_stage * sizeof(float) + (kWgmma ? 1024 : 0);
 };
 
 // The dynamic shared memory, aligned for swizzled tiles when kWgmma (ForwardLayout's slack).
@@ -227,7 +243,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     const int j0 = kb * kTile;
     load_operand_tile_async<kW, kWgmma>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_operand_tile_async<kDv, kWgmma>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
 
@@ -277,7 +293,8 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     // Only tiles reaching past this warp's first row need the causal mask: column col of row
     // `row` is hidden when col > i0 + row − j0 (a limit no column reaches in other tiles).
     const bool masked = j0 + kTile - 1 > i0 + warp_row0;
-    const float* slots = bias_slots + stage * Layout::lag_slots;
+    const float* slots =
+        bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
     with_bias<kW == 64>(has_bias, [&](auto bias) {
 #pragma unroll
       for (int f = 0; f < kFragments; ++f)
@@ -349,7 +366,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
       const int j0 = kb * kTile;
       const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes + (kb == 0 ? 2 * (kW / 64) * kPanelBytes : 0) +
-                                  (has_bias ? Layout::lag_slots * sizeof(float) : 0);
+                                  (has_bias ? tma::vector_box_bytes(Layout::lag_slots) : 0);
       tma::arrive_expecting(barrier, bytes);
       if (kb == 0)
         for (int half = 0; half < 2; ++half)
@@ -358,7 +375,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
       load_panels<kDv>(v_tiles + stage * Layout::v, &maps.v, int(2 * head.channels) + head.h * dims.head_dim, j0,
                        head.b, barrier);
       if (has_bias)
-        load_bias_slots<kForwardRows>(bias_slots + stage * Layout::lag_slots, maps, head.h * T + i0 - j0, barrier);
+        load_bias_slots<kForwardRows>(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
     };
     tma::for_each_loaded(0, key_blocks, issue, body);
 #endif
@@ -400,7 +417,8 @@ struct KeyGradLayout {
   static constexpr int ds = kAtomicDq ? kTile * (kWgmma ? kTile : padded_stride(kTile)) : 0;
   static constexpr int tiles = k + v + 2 * q + 2 * dout + ds;
   // floats after the tiles: lse and D of two stages, bias slots of two stages, lag sums
-  static constexpr int statistics = 2 * kTile + 2 * kTile + 2 * kLagSlots + kLagSlots;
+  static constexpr int row_stage = tma::vector_slots(kTile), lag_stage = tma::vector_slots(kLagSlots);
+  static constexpr int statistics = 2 * row_stage + 2 * row_stage + 2 * lag_stage + kLagSlots;
   // The lag sums' skewed tile: 32 rows (two tile rows 8 apart folded into one) × a diagonal
   // per column; the stride spreads a warp's writes over the banks (at most 2 lanes per bank).
   static constexpr int skew_rows = kTile / 2;
@@ -450,9 +468,9 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   bf16* dout_tiles = q_tiles + 2 * Layout::q;
   bf16* ds_tile = dout_tiles + 2 * Layout::dout;  // kAtomicDq only
   float* lse_slots = reinterpret_cast<float*>(k_tile + Layout::tiles);
-  float* row_dot_slots = lse_slots + 2 * kTile;
-  float* bias_slots = row_dot_slots + 2 * kTile;
-  float* lag_sums = bias_slots + 2 * kLagSlots;
+  float* row_dot_slots = lse_slots + 2 * Layout::row_stage;
+  float* bias_slots = row_dot_slots + 2 * Layout::row_stage;
+  float* lag_sums = bias_slots + 2 * Layout::lag_stage;
   float* lag_skew = lag_sums + kLagSlots;
 
   const AttentionHead head(dims, in, int(blockIdx.x));
@@ -472,9 +490,9 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     const int i0 = qb * kTile;
     load_operand_tile_async<kW, kWgmma>(q_tiles + stage * Layout::q, head.q, kW, i0, kTile, T);
     load_operand_tile_async<kDv, kWgmma>(dout_tiles + stage * Layout::dout, dout, head.channels, i0, kTile, T);
-    stage_rows_async(lse_slots + stage * kTile, lse, i0, T);
-    stage_rows_async(row_dot_slots + stage * kTile, row_dot, i0, T);
-    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
+    stage_rows_async(lse_slots + stage * Layout::row_stage, lse, i0, T);
+    stage_rows_async(row_dot_slots + stage * Layout::row_stage, row_dot, i0, T);
+    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
 
@@ -497,9 +515,12 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
 
     const bf16* q_tile = q_tiles + stage * Layout::q;
     const bf16* dout_tile = dout_tiles + stage * Layout::dout;
-    const float* lse_tile = lse_slots + stage * kTile;
-    const float* row_dot_tile = row_dot_slots + stage * kTile;
-    const float* slots = bias_slots + stage * kLagSlots;
+    const int row0 = int(head.statistic_index(i0));
+    const float* lse_tile = lse_slots + stage * Layout::row_stage + run_lead<kWgmma>(row0 + maps.lse_shift);
+    const float* row_dot_tile =
+        row_dot_slots + stage * Layout::row_stage + run_lead<kWgmma>(row0 + maps.row_dot_shift);
+    const float* slots =
+        bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
     // Sᵀ (rows: this warp's 16 keys, columns: 64 queries) and dPᵀ = V · doutᵀ.
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
     if constexpr (kWgmma) {
@@ -641,8 +662,8 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     auto issue = [&](int qb, int stage, std::uint64_t* barrier) {
       const int i0 = qb * kTile;
       const bool first = qb == key_block;
-      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (first ? 2 : 1) + 2 * kTile * sizeof(float) +
-                                  (has_bias ? kLagSlots * sizeof(float) : 0);
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (first ? 2 : 1) +
+                                  2 * tma::vector_box_bytes(kTile) + (has_bias ? tma::vector_box_bytes(kLagSlots) : 0);
       tma::arrive_expecting(barrier, bytes);
       if (first) {
         load_panels<kW>(k_tile, &maps.k, 0, j0, head.bh, barrier);
@@ -652,9 +673,9 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
       load_panels<kDv>(dout_tiles + stage * Layout::dout, &maps.dout, head.h * d, i0, head.b, barrier);
       // Rows past T read the next head's lse and D (or zeros past the end): their P is masked to 0.
       const int row0 = int(head.statistic_index(i0));
-      tma::load_vector(lse_slots + stage * kTile, &maps.lse, row0 + maps.lse_shift, barrier);
-      tma::load_vector(row_dot_slots + stage * kTile, &maps.row_dot, row0 + maps.row_dot_shift, barrier);
-      if (has_bias) load_bias_slots(bias_slots + stage * kLagSlots, maps, head.h * T + i0 - j0, barrier);
+      tma::load_vector(lse_slots + stage * Layout::row_stage, &maps.lse, row0 + maps.lse_shift, barrier);
+      tma::load_vector(row_dot_slots + stage * Layout::row_stage, &maps.row_dot, row0 + maps.row_dot_shift, barrier);
+      if (has_bias) load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
     };
     tma::for_each_loaded(key_block, query_blocks, issue, body);
 #endif
@@ -711,8 +732,9 @@ struct QueryGradLayout {
   static constexpr int dout = kTile * (kWgmma ? kDv : padded_stride(kDv));
   static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));
   static constexpr int v = kTile * (kWgmma ? kDv : padded_stride(kDv));
+  static constexpr int lag_stage = tma::vector_slots(kLagSlots);
   static constexpr std::size_t bytes = std::size_t(q + dout + 2 * k + 2 * v) * sizeof(bf16) +
-                                       2 * kLagSlots * sizeof(float) + (kWgmma ? 1024 : 0);  // tile_memory's alignment
+                                       2 * lag_stage * sizeof(float) + (kWgmma ? 1024 : 0);  // tile_memory's alignment
 };
 
 // wgmma (kWgmma, sm_90a, d = 64): one warpgroup; S and dP with both operands in shared memory,
@@ -742,7 +764,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     const int j0 = kb * kTile;
     load_operand_tile_async<kW, kWgmma>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_operand_tile_async<kDv, kWgmma>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
 
@@ -762,7 +784,8 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
 
     const bf16* k_tile = k_tiles + stage * Layout::k;
     const bf16* v_tile = v_tiles + stage * Layout::v;
-    const float* slots = bias_slots + stage * kLagSlots;
+    const float* slots =
+        bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - kb * kTile));
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
     if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
@@ -813,7 +836,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
       const int j0 = kb * kTile;
       const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (kb == 0 ? 2 : 1) +
-                                  (has_bias ? kLagSlots * sizeof(float) : 0);
+                                  (has_bias ? tma::vector_box_bytes(kLagSlots) : 0);
       tma::arrive_expecting(barrier, bytes);
       if (kb == 0) {
         load_panels<kW>(q_tile, &maps.q, 0, i0, head.bh, barrier);
@@ -821,7 +844,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
       }
       load_panels<kW>(k_tiles + stage * Layout::k, &maps.k, 0, j0, head.bh, barrier);
       load_panels<kDv>(v_tiles + stage * Layout::v, &maps.v, int(2 * head.channels) + head.h * d, j0, head.b, barrier);
-      if (has_bias) load_bias_slots(bias_slots + stage * kLagSlots, maps, head.h * T + i0 - j0, barrier);
+      if (has_bias) load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
     };
     tma::for_each_loaded(0, key_blocks, issue, body);
 #endif

@@ -48,17 +48,14 @@ cudaError_t encode_bf16_tiles(CUtensorMap* map, const void* base, std::int64_t c
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-cudaError_t encode_f32_vector(CUtensorMap* map, const float* base, std::int64_t count, int box, int* shift) {
+cudaError_t encode_f32_vector(CUtensorMap* map, const float* base, std::int64_t count, int run, int* shift) {
   *shift = int(reinterpret_cast<std::uintptr_t>(base) % 16 / sizeof(float));
   base -= *shift;
   count += *shift;
-  // A matrix of one row, not a rank-1 map: a rank-1 box reaching outside the vector stopped the
-  // kernel with an illegal instruction (seen on an H200), where boxes of rank 2 are zero-filled
-  // outside as documented. The row stride is never stepped; it need only be a multiple of 16 bytes.
-  const cuuint64_t dims[2] = {cuuint64_t(count), 1};
-  const cuuint64_t row_stride[1] = {(cuuint64_t(count) * sizeof(float) + 15) / 16 * 16};
-  const cuuint32_t boxes[2] = {cuuint32_t(box), 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, row_stride, boxes, CU_TENSOR_MAP_SWIZZLE_NONE);
+  const cuuint64_t dims[1] = {cuuint64_t(count)};
+  const cuuint64_t no_strides[1] = {0};  // a rank-1 map has none; the array is not read
+  const cuuint32_t boxes[1] = {cuuint32_t(run + kVectorLead)};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, base, dims, no_strides, boxes, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 }  // namespace pope::kernels::tma

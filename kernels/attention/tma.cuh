@@ -21,11 +21,27 @@ namespace pope::kernels::tma {
 cudaError_t encode_bf16_tiles(CUtensorMap* map, const void* base, std::int64_t columns, std::int64_t rows,
                               std::int64_t groups, std::int64_t row_stride, std::int64_t group_stride, int box_rows);
 
-// A 1-D f32 vector of `count` elements read in boxes of `box` elements (box · 4 a multiple of 16
-// bytes). The map starts at `base` rounded down to 16 bytes, TMA's alignment: *shift (0…3) is the
-// number of elements it moved back, to be added to every coordinate; a box reaching before
-// element 0 then reads up to *shift elements before `base` (of the same 16 bytes) instead of zeros.
-cudaError_t encode_f32_vector(CUtensorMap* map, const float* base, std::int64_t count, int box, int* shift);
+// TMA copies a box of a vector only from a 16-byte aligned element: from any other start the
+// kernel stopped with an illegal instruction (seen on an H200), though the map and the shared
+// destination were aligned. So load_vector starts a run at its first element rounded down to
+// 4 floats: the run's element i lands in slot vector_lead(first) + i, and a box is kVectorLead
+// floats longer than the run it serves.
+constexpr int kVectorLead = 4;
+__host__ __device__ constexpr int vector_lead(int first) { return first & (kVectorLead - 1); }
+// Shared floats to give one box of a `run`-float run: whole 128-byte TMA destinations, so that
+// stages side by side stay aligned.
+__host__ __device__ constexpr int vector_slots(int run) { return (run + kVectorLead + 31) / 32 * 32; }
+// Bytes one run's box delivers (mbarrier transaction count).
+__host__ __device__ constexpr std::uint32_t vector_box_bytes(int run) {
+  return std::uint32_t(run + kVectorLead) * sizeof(float);
+}
+
+// A 1-D f32 vector of `count` elements read in runs of `run` elements (a multiple of 4; boxes of
+// run + kVectorLead, at most 256). The map starts at `base` rounded down to 16 bytes, TMA's
+// alignment: *shift (0…3) is the number of elements it moved back, to be added to every
+// coordinate; a run reaching before element 0 then reads up to *shift elements before `base` (of
+// the same 16 bytes) instead of zeros.
+cudaError_t encode_f32_vector(CUtensorMap* map, const float* base, std::int64_t count, int run, int* shift);
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace detail {
@@ -73,13 +89,14 @@ __device__ inline void load_tile(void* tile, const CUtensorMap* map, int column,
       : "memory");
 }
 
-// Box starting at element `first` of an encode_f32_vector map into `slots` (128-byte aligned, as
-// every TMA destination here: the kernels' statistics and bias stages are laid out so).
-__device__ inline void load_vector(void* slots, const CUtensorMap* map, int first, std::uint64_t* barrier) {
+// The run of an encode_f32_vector map from element `first` (shift included) into `slots`
+// (128-byte aligned, as every TMA destination here), starting at slot vector_lead(first); zeros
+// outside the vector.
+__device__ inline void load_vector(float* slots, const CUtensorMap* map, int first, std::uint64_t* barrier) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, 0}], [%3];\n" ::"r"(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::"r"(
           detail::shared_address(slots)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(first), "r"(detail::shared_address(barrier))
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(first - vector_lead(first)), "r"(detail::shared_address(barrier))
       : "memory");
 }
 

@@ -1,8 +1,8 @@
 // The TMA building blocks (kernels/attention/tma.cuh) on one CTA: a strided bf16 matrix's
 // 64-row box of two 64-column panels, partly past the last row, lands in the swizzled layout of
-// wgmma.cuh with zeros for the missing rows; 64-float runs of a vector starting before its first
-// and near its last element arrive with zeros outside it, also from a base 4 bytes past TMA's
-// 16-byte alignment. Reports SKIPPED (visibly) without a
+// wgmma.cuh with zeros for the missing rows; 64-float runs of a vector starting at elements off
+// TMA's 16-byte alignment, before its first and near its last element, arrive (after their lead
+// slots) with zeros outside it, also from a base 4 bytes past that alignment. Reports SKIPPED (visibly) without a
 // GPU, on a GPU that is not sm_90, or in a build without sm_90 code.
 #include <gtest/gtest.h>
 

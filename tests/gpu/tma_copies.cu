@@ -18,7 +18,8 @@ __global__ void tma_copies_kernel(const __grid_constant__ CUtensorMap matrix_map
                                   int first0, int first1, bf16* tile_out, float* runs_out, int* supported) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ __align__(1024) bf16 tile[kMaxPanels * 64 * 64];
-  __shared__ __align__(128) float runs[2 * 64];  // TMA writes shared memory at 128-byte alignment
+  constexpr int kRun = 64, kStage = tma::vector_slots(kRun);
+  __shared__ __align__(128) float runs[2 * kStage];  // TMA writes shared memory at 128-byte alignment
   __shared__ std::uint64_t arrived;
   const int t = int(threadIdx.x);
   if (t == 0) {
@@ -27,15 +28,18 @@ __global__ void tma_copies_kernel(const __grid_constant__ CUtensorMap matrix_map
   }
   __syncthreads();
   if (t == 0) {
-    tma::arrive_expecting(&arrived, panels * 64 * 64 * sizeof(bf16) + 2 * 64 * sizeof(float));
+    tma::arrive_expecting(&arrived, panels * 64 * 64 * sizeof(bf16) + 2 * tma::vector_box_bytes(kRun));
     for (int panel = 0; panel < panels; ++panel)
       tma::load_tile(tile + panel * 64 * 64, &matrix_map, 64 * panel, row0, group, &arrived);
     tma::load_vector(runs, &vector_map, first0, &arrived);
-    tma::load_vector(runs + 64, &vector_map, first1, &arrived);
+    tma::load_vector(runs + kStage, &vector_map, first1, &arrived);
   }
   tma::wait(&arrived, 0);
   for (int i = t; i < panels * 64 * 64; i += int(blockDim.x)) tile_out[i] = tile[i];
-  for (int i = t; i < 2 * 64; i += int(blockDim.x)) runs_out[i] = runs[i];
+  for (int i = t; i < 2 * kRun; i += int(blockDim.x)) {
+    const int run = i / kRun, first = run == 0 ? first0 : first1;
+    runs_out[i] = runs[run * kStage + tma::vector_lead(first) + i % kRun];
+  }
   if (t == 0) *supported = 1;
 #else
   if (threadIdx.x == 0) *supported = 0;
