@@ -1,6 +1,7 @@
 // Fused causal attention on tensor cores (see flash_attention.cuh and mma_tiles.cuh).
 //   forward:    CTA = (b·H + h, 128 query rows), 4 warps × 32 rows; streams 64-key tiles of k̃
-//               and v up to the diagonal through double-buffered shared memory (cp.async).
+//               and v up to the diagonal through double-buffered shared memory (cp.async by all
+//               threads; in the wgmma kernels TMA copies issued by thread 0, tma.cuh).
 //   key grad:   CTA = (b·H + h, 64 keys); streams 64-query tiles of q̃, dout, lse and D from the
 //               diagonal to the end, sums dk̃ and dv in registers; with a bias gradient it also
 //               sums dS along lags into its own partial row (no atomics). Non-deterministic
@@ -9,7 +10,7 @@
 //               (deterministic mode).
 // In the backward, query and key blocks are both 64 rows, so only the diagonal tile needs the
 // causal mask; in the forward the last two key tiles of a 128-row block do. Tiles above the
-// diagonal are never visited. Rows past T are zero-filled on load and never stored.
+// diagonal are never visited. Rows past T are zero-filled on load (by the copies) and never stored.
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2.
 // The per-score code is branch-free: masks are selects after the exponential, and the bias is a
 // compile-time choice per call at W = 64 (with_bias), so the unrolled loops stay straight-line code.
@@ -20,6 +21,7 @@
 #include "attention/flash_attention.cuh"
 #include "attention/kernel_launch.cuh"
 #include "attention/mma_tiles.cuh"
+#include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 
 namespace pope::kernels {
@@ -105,6 +107,58 @@ __device__ inline float quad_max(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+// ---------------------------------------------------------------- TMA loads (wgmma builds)
+
+// Tensor maps of one call (zeroed and unused in builds without wgmma): q̃, k̃ [B·H, T, W], dout
+// [B, T, C] and v inside qkv [B, T, 3C] as 64-column boxes of 64 rows; lse and D [B·H·T] as runs
+// of 64 floats; the bias table [H·T] as runs of 128 (kLagSlots: a 64 × 64 tile's lags) and of
+// 192 (kForwardRows + kTile: the forward's 128 × 64 tile) floats.
+struct AttentionMaps {
+  CUtensorMap q, k, dout, v, lse, row_dot, bias_tile, bias_rows;
+  int lse_shift, row_dot_shift, bias_shift;  // tma::encode_f32_vector's coordinate shifts
+};
+
+// The bias map's element for slot 0 of a tile with i0 − j0 = lag0, for the head whose table row
+// starts at element `row_start` (slot i holds b(lag0 + i − 63)).
+__host__ __device__ inline int bias_run_first(const AttentionMaps& maps, int row_start_plus_lag0) {
+  return row_start_plus_lag0 - (kTile - 1) + maps.bias_shift;
+}
+
+// The slot of a stage where a run of floats starting at map element `first` begins: TMA puts it
+// tma::vector_lead slots in, the cp.async loads of builds without wgmma at slot 0. Stages are
+// tma::vector_slots(run) floats apart in both.
+template <bool kWgmma>
+__host__ __device__ constexpr int run_lead(int first) {
+  return kWgmma ? tma::vector_lead(first) : 0;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr std::uint32_t kPanelBytes = kTile * 64 * sizeof(__nv_bfloat16);  // one 64 × 64 bf16 box
+
+// The kWidth / 64 panels of 64 rows from (column0, row0, group) into rows starting at `tile` of
+// a swizzled tile of tile_rows rows (its panels tile_rows · 64 elements apart).
+template <int kWidth>
+__device__ void load_panels(__nv_bfloat16* tile, const CUtensorMap* map, int column0, int row0, int group,
+                            std::uint64_t* barrier, int tile_rows = kTile) {
+#pragma unroll
+  for (int panel = 0; panel < kWidth / 64; ++panel)
+    tma::load_tile(tile + panel * tile_rows * 64, map, column0 + 64 * panel, row0, group, barrier);
+}
+
+// Bias slots of a tile with i0 − j0 = lag0 for the head whose table row starts at element
+// `row_start`: slot run_lead + i holds b(lag0 + i − 63), kRows + 64 of them (kLagSlots or the
+// forward's).
+// Lags outside [0, T) land on masked scores only, and the masks are selects, so what they read
+// there (the neighbouring heads' entries, zeros past the table, or up to three floats before its
+// start) is never used.
+template <int kRows = kTile>
+__device__ void load_bias_slots(float* slots, const AttentionMaps& maps, int row_start_plus_lag0,
+                                std::uint64_t* barrier) {
+  const CUtensorMap* map = kRows == kTile ? &maps.bias_tile : &maps.bias_rows;
+  tma::load_vector(slots, map, bias_run_first(maps, row_start_plus_lag0), barrier);
+}
+#endif
+
 // ---------------------------------------------------------------- forward
 
 // 128 query rows per CTA. mma.sync (sm_80 on): 4 warps × 32 rows (two 16-row fragments), so
@@ -127,9 +181,10 @@ struct ForwardLayout {
   static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));
   static constexpr int v = kTile * (kWgmma ? kDv : padded_stride(kDv));
   static constexpr int lag_slots = kForwardRows + kTile;
+  static constexpr int lag_stage = tma::vector_slots(lag_slots);
   // wgmma: + 1024, the kernel rounds its shared memory's start up to a whole swizzle pattern.
   static constexpr std::size_t bytes =
-      std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_slots * sizeof(float) + (kWgmma ? 1024 : 0);
+      std::size_t(q + 2 * k + 2 * v) * sizeof(bf16) + 2 * lag_stage * sizeof(float) + (kWgmma ? 1024 : 0);
 };
 
 // The dynamic shared memory, aligned for swizzled tiles when kWgmma (ForwardLayout's slack).
@@ -159,7 +214,8 @@ __device__ void load_operand_tile_async(bf16* tile, const bf16* source, std::int
 
 template <int kW, int kDv, bool kWgmma>
 __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
-    flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse) {
+    flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse,
+                         const __grid_constant__ AttentionMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = ForwardLayout<kW, kDv, kWgmma>;
   constexpr int kFragments = ForwardShape<kWgmma>::fragments;
@@ -187,11 +243,9 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     const int j0 = kb * kTile;
     load_operand_tile_async<kW, kWgmma>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_operand_tile_async<kDv, kWgmma>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_slots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kForwardRows, T);
-  load_keys(0, 0);  // one group with the queries
 
   float o[kFragments][kDv / 8][4];
   float row_max[kFragments][2], row_sum[kFragments][2];
@@ -203,7 +257,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   }
   const int key_end = i0 + kForwardRows < T ? i0 + kForwardRows : T;
   const int key_blocks = (key_end + kTile - 1) / kTile;
-  for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, [&](int kb, int stage) {
+  auto body = [&](int kb, int stage) {
     const int j0 = kb * kTile;
 
     // Tiles wholly above the rows that multiply together (a warp's, or a warpgroup's) add nothing.
@@ -239,7 +293,8 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     // Only tiles reaching past this warp's first row need the causal mask: column col of row
     // `row` is hidden when col > i0 + row − j0 (a limit no column reaches in other tiles).
     const bool masked = j0 + kTile - 1 > i0 + warp_row0;
-    const float* slots = bias_slots + stage * Layout::lag_slots;
+    const float* slots =
+        bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
     with_bias<kW == 64>(has_bias, [&](auto bias) {
 #pragma unroll
       for (int f = 0; f < kFragments; ++f)
@@ -303,7 +358,32 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
           }
         }
     }
-  });
+  };
+  if constexpr (kWgmma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Thread 0 loads with TMA: key block kb's k̃, v and bias slots, and the 128 query rows (two
+    // boxes of 64) with the first (tma::for_each_loaded).
+    auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
+      const int j0 = kb * kTile;
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes + (kb == 0 ? 2 * (kW / 64) * kPanelBytes : 0) +
+                                  (has_bias ? tma::vector_box_bytes(Layout::lag_slots) : 0);
+      tma::arrive_expecting(barrier, bytes);
+      if (kb == 0)
+        for (int half = 0; half < 2; ++half)
+          load_panels<kW>(q_tile + half * kTile * 64, &maps.q, 0, i0 + half * kTile, head.bh, barrier, kForwardRows);
+      load_panels<kW>(k_tiles + stage * Layout::k, &maps.k, 0, j0, head.bh, barrier);
+      load_panels<kDv>(v_tiles + stage * Layout::v, &maps.v, int(2 * head.channels) + head.h * dims.head_dim, j0,
+                       head.b, barrier);
+      if (has_bias)
+        load_bias_slots<kForwardRows>(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
+    };
+    tma::for_each_loaded(0, key_blocks, issue, body);
+#endif
+  } else {
+    load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kForwardRows, T);
+    load_keys(0, 0);  // one group with the queries
+    for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, body);
+  }
 
 #pragma unroll
   for (int f = 0; f < kFragments; ++f)
@@ -337,7 +417,8 @@ struct KeyGradLayout {
   static constexpr int ds = kAtomicDq ? kTile * (kWgmma ? kTile : padded_stride(kTile)) : 0;
   static constexpr int tiles = k + v + 2 * q + 2 * dout + ds;
   // floats after the tiles: lse and D of two stages, bias slots of two stages, lag sums
-  static constexpr int statistics = 2 * kTile + 2 * kTile + 2 * kLagSlots + kLagSlots;
+  static constexpr int row_stage = tma::vector_slots(kTile), lag_stage = tma::vector_slots(kLagSlots);
+  static constexpr int statistics = 2 * row_stage + 2 * row_stage + 2 * lag_stage + kLagSlots;
   // The lag sums' skewed tile: 32 rows (two tile rows 8 apart folded into one) × a diagonal
   // per column; the stride spreads a warp's writes over the banks (at most 2 lanes per bank).
   static constexpr int skew_rows = kTile / 2;
@@ -348,12 +429,13 @@ struct KeyGradLayout {
   }
 };
 
+
 // Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators).
 constexpr int kDqChunk = 64;
 
 // grads.dq[row t] += pair (values in columns col, col + 1), atomically.
 __device__ inline void atomic_add_pair(float* address, float first, float second) {
-#if __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   atomicAdd(reinterpret_cast<float2*>(address), make_float2(first, second));
 #else
   atomicAdd(address, first);
@@ -375,7 +457,8 @@ constexpr int query_grad_ctas_per_sm() {
 
 template <int kW, int kDv, bool kAtomicDq, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>())
-    flash_key_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
+    flash_key_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads,
+                          const __grid_constant__ AttentionMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = KeyGradLayout<kW, kDv, kAtomicDq, kWgmma>;
   extern __shared__ __align__(16) unsigned char shared[];
@@ -385,9 +468,9 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   bf16* dout_tiles = q_tiles + 2 * Layout::q;
   bf16* ds_tile = dout_tiles + 2 * Layout::dout;  // kAtomicDq only
   float* lse_slots = reinterpret_cast<float*>(k_tile + Layout::tiles);
-  float* row_dot_slots = lse_slots + 2 * kTile;
-  float* bias_slots = row_dot_slots + 2 * kTile;
-  float* lag_sums = bias_slots + 2 * kLagSlots;
+  float* row_dot_slots = lse_slots + 2 * Layout::row_stage;
+  float* bias_slots = row_dot_slots + 2 * Layout::row_stage;
+  float* lag_sums = bias_slots + 2 * Layout::lag_stage;
   float* lag_skew = lag_sums + kLagSlots;
 
   const AttentionHead head(dims, in, int(blockIdx.x));
@@ -407,14 +490,11 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     const int i0 = qb * kTile;
     load_operand_tile_async<kW, kWgmma>(q_tiles + stage * Layout::q, head.q, kW, i0, kTile, T);
     load_operand_tile_async<kDv, kWgmma>(dout_tiles + stage * Layout::dout, dout, head.channels, i0, kTile, T);
-    stage_rows_async(lse_slots + stage * kTile, lse, i0, T);
-    stage_rows_async(row_dot_slots + stage * kTile, row_dot, i0, T);
-    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
+    stage_rows_async(lse_slots + stage * Layout::row_stage, lse, i0, T);
+    stage_rows_async(row_dot_slots + stage * Layout::row_stage, row_dot, i0, T);
+    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_operand_tile_async<kW, kWgmma>(k_tile, head.k, kW, j0, kTile, T);
-  load_operand_tile_async<kDv, kWgmma>(v_tile, head.v, head.row_stride, j0, kTile, T);
-  load_queries(key_block, 0);
 
   float dk[kW / 8][4], dv[kDv / 8][4];
   clear(dk);
@@ -430,14 +510,17 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   if (sums_lags)
     for (int x = int(threadIdx.x); x < Layout::skew_rows * Layout::skew_stride; x += kThreads) lag_skew[x] = 0.0f;
 
-  for_each_double_buffered<kWgmma>(key_block, query_blocks, load_queries, [&](int qb, int stage) {
+  auto body = [&](int qb, int stage) {
     const int step = qb - key_block, i0 = qb * kTile;
 
     const bf16* q_tile = q_tiles + stage * Layout::q;
     const bf16* dout_tile = dout_tiles + stage * Layout::dout;
-    const float* lse_tile = lse_slots + stage * kTile;
-    const float* row_dot_tile = row_dot_slots + stage * kTile;
-    const float* slots = bias_slots + stage * kLagSlots;
+    const int row0 = int(head.statistic_index(i0));
+    const float* lse_tile = lse_slots + stage * Layout::row_stage + run_lead<kWgmma>(row0 + maps.lse_shift);
+    const float* row_dot_tile =
+        row_dot_slots + stage * Layout::row_stage + run_lead<kWgmma>(row0 + maps.row_dot_shift);
+    const float* slots =
+        bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
     // Sᵀ (rows: this warp's 16 keys, columns: 64 queries) and dPᵀ = V · doutᵀ.
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
     if constexpr (kWgmma) {
@@ -570,7 +653,38 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
         carried_lag_sum = lag_sums[i + kTile - 1];
       }
     }
-  });
+  };
+
+  if constexpr (kWgmma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Thread 0 loads every tile with TMA: query block qb (q̃, dout, lse, D, bias slots), and k̃
+    // and v with the first block (tma::for_each_loaded).
+    auto issue = [&](int qb, int stage, std::uint64_t* barrier) {
+      const int i0 = qb * kTile;
+      const bool first = qb == key_block;
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (first ? 2 : 1) +
+                                  2 * tma::vector_box_bytes(kTile) + (has_bias ? tma::vector_box_bytes(kLagSlots) : 0);
+      tma::arrive_expecting(barrier, bytes);
+      if (first) {
+        load_panels<kW>(k_tile, &maps.k, 0, j0, head.bh, barrier);
+        load_panels<kDv>(v_tile, &maps.v, int(2 * head.channels) + head.h * d, j0, head.b, barrier);
+      }
+      load_panels<kW>(q_tiles + stage * Layout::q, &maps.q, 0, i0, head.bh, barrier);
+      load_panels<kDv>(dout_tiles + stage * Layout::dout, &maps.dout, head.h * d, i0, head.b, barrier);
+      // Rows past T read the next head's lse and D (or zeros past the end): their P is masked to 0.
+      const int row0 = int(head.statistic_index(i0));
+      tma::load_vector(lse_slots + stage * Layout::row_stage, &maps.lse, row0 + maps.lse_shift, barrier);
+      tma::load_vector(row_dot_slots + stage * Layout::row_stage, &maps.row_dot, row0 + maps.row_dot_shift, barrier);
+      if (has_bias) load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
+    };
+    tma::for_each_loaded(key_block, query_blocks, issue, body);
+#endif
+  } else {
+    load_operand_tile_async<kW, kWgmma>(k_tile, head.k, kW, j0, kTile, T);
+    load_operand_tile_async<kDv, kWgmma>(v_tile, head.v, head.row_stride, j0, kTile, T);
+    load_queries(key_block, 0);
+    for_each_double_buffered<kWgmma>(key_block, query_blocks, load_queries, body);
+  }
   if (sums_lags && int(threadIdx.x) < kTile) {
     const int lag = kTile * (query_blocks - 1 - key_block) + int(threadIdx.x);
     if (lag < lags_owned) partial_row[lag] = carried_lag_sum;
@@ -618,15 +732,17 @@ struct QueryGradLayout {
   static constexpr int dout = kTile * (kWgmma ? kDv : padded_stride(kDv));
   static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));
   static constexpr int v = kTile * (kWgmma ? kDv : padded_stride(kDv));
+  static constexpr int lag_stage = tma::vector_slots(kLagSlots);
   static constexpr std::size_t bytes = std::size_t(q + dout + 2 * k + 2 * v) * sizeof(bf16) +
-                                       2 * kLagSlots * sizeof(float) + (kWgmma ? 1024 : 0);  // tile_memory's alignment
+                                       2 * lag_stage * sizeof(float) + (kWgmma ? 1024 : 0);  // tile_memory's alignment
 };
 
 // wgmma (kWgmma, sm_90a, d = 64): one warpgroup; S and dP with both operands in shared memory,
 // dq̃ from dS in registers and k̃ as the N-major operand.
 template <int kW, int kDv, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
-    flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads) {
+    flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads,
+                            const __grid_constant__ AttentionMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = QueryGradLayout<kW, kDv, kWgmma>;
   extern __shared__ __align__(16) unsigned char shared[];
@@ -648,13 +764,9 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     const int j0 = kb * kTile;
     load_operand_tile_async<kW, kWgmma>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_operand_tile_async<kDv, kWgmma>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * kLagSlots, head.bias, i0 - j0, T);
+    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
-  load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kTile, T);
-  load_operand_tile_async<kDv, kWgmma>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0, kTile,
-                                       T);
-  load_keys(0, 0);
 
   // This lane's two rows: lse in log2 units (+∞ past T, so that P is 0 there) and D.
   float lse2[2], row_dot[2];
@@ -668,11 +780,12 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
   float dq[kW / 8][4];
   clear(dq);
   const int key_blocks = q_block + 1;
-  for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, [&](int kb, int stage) {
+  auto body = [&](int kb, int stage) {
 
     const bf16* k_tile = k_tiles + stage * Layout::k;
     const bf16* v_tile = v_tiles + stage * Layout::v;
-    const float* slots = bias_slots + stage * kLagSlots;
+    const float* slots =
+        bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - kb * kTile));
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
     if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
@@ -715,7 +828,33 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     } else {
       mma_a_registers_b_columns<kScoreSteps, kW, kW>(dq, a, k_tile);
     }
-  });
+  };
+  if constexpr (kWgmma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Thread 0 loads with TMA: key block kb's k̃, v and bias slots, and q̃, dout with the first
+    // (tma::for_each_loaded).
+    auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
+      const int j0 = kb * kTile;
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (kb == 0 ? 2 : 1) +
+                                  (has_bias ? tma::vector_box_bytes(kLagSlots) : 0);
+      tma::arrive_expecting(barrier, bytes);
+      if (kb == 0) {
+        load_panels<kW>(q_tile, &maps.q, 0, i0, head.bh, barrier);
+        load_panels<kDv>(dout_tile, &maps.dout, head.h * d, i0, head.b, barrier);
+      }
+      load_panels<kW>(k_tiles + stage * Layout::k, &maps.k, 0, j0, head.bh, barrier);
+      load_panels<kDv>(v_tiles + stage * Layout::v, &maps.v, int(2 * head.channels) + head.h * d, j0, head.b, barrier);
+      if (has_bias) load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
+    };
+    tma::for_each_loaded(0, key_blocks, issue, body);
+#endif
+  } else {
+    load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kTile, T);
+    load_operand_tile_async<kDv, kWgmma>(dout_tile, grads.dout + head.activation_offset(0, d), head.channels, i0,
+                                         kTile, T);
+    load_keys(0, 0);
+    for_each_double_buffered<kWgmma>(0, key_blocks, load_keys, body);
+  }
 
   const float scale = in.score.scale;
 #pragma unroll
@@ -763,6 +902,32 @@ constexpr bool use_wgmma(int qk_width, int head_dim) {
 
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
+// The tensor maps of one call (AttentionMaps), lse and D only with `grads`; cudaErrorInvalidValue
+// where a bf16 tensor does not meet TMA's alignment (flash_attention_supports checks the bases).
+cudaError_t encode_attention_maps(AttentionMaps& maps, const AttentionDims& dims, const EncodedAttention& in,
+                                  const AttentionGradients* grads) {
+  const std::int64_t T = dims.seq_len, W = dims.qk_width, d = dims.head_dim, heads = std::int64_t(dims.batch) * dims.n_head;
+  const std::int64_t C = std::int64_t(dims.n_head) * d;
+  cudaError_t status = cudaSuccess;
+  auto keep = [&](cudaError_t result) {
+    if (status == cudaSuccess) status = result;
+  };
+  keep(tma::encode_bf16_tiles(&maps.q, in.q, W, T, heads, W, T * W, kTile));
+  keep(tma::encode_bf16_tiles(&maps.k, in.k, W, T, heads, W, T * W, kTile));
+  keep(tma::encode_bf16_tiles(&maps.v, in.qkv, 3 * C, T, dims.batch, 3 * C, T * 3 * C, kTile));
+  if (in.score.bias != nullptr) {
+    int same_shift = 0;  // one base, so the same shift as bias_tile's
+    keep(tma::encode_f32_vector(&maps.bias_tile, in.score.bias, dims.n_head * T, kLagSlots, &maps.bias_shift));
+    keep(tma::encode_f32_vector(&maps.bias_rows, in.score.bias, dims.n_head * T, kForwardRows + kTile, &same_shift));
+  }
+  if (grads != nullptr) {
+    keep(tma::encode_bf16_tiles(&maps.dout, grads->dout, C, T, dims.batch, C, T * C, kTile));
+    keep(tma::encode_f32_vector(&maps.lse, grads->lse, heads * T, kTile, &maps.lse_shift));
+    keep(tma::encode_f32_vector(&maps.row_dot, grads->row_dot, heads * T, kTile, &maps.row_dot_shift));
+  }
+  return status;
+}
+
 }  // namespace
 
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in) {
@@ -783,9 +948,14 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
   return with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
     constexpr bool kWgmma = use_wgmma(kW, kDv);
+    AttentionMaps maps{};  // the wgmma kernels load with TMA
+    if constexpr (kWgmma) {
+      const cudaError_t encoded = encode_attention_maps(maps, dims, in, nullptr);
+      if (encoded != cudaSuccess) return encoded;
+    }
     return launch_with_shared<flash_forward_kernel<kW, kDv, kWgmma>>(
         tile_grid(dims, kForwardRows), ForwardShape<kWgmma>::threads, ForwardLayout<kW, kDv, kWgmma>::bytes, stream,
-        dims, in, out, lse);
+        dims, in, out, lse, maps);
   });
 }
 
@@ -799,18 +969,25 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
   status = with_widths(dims, [&](auto w, auto dv) {
     constexpr int kW = decltype(w)::value, kDv = decltype(dv)::value;
     constexpr bool kWgmma = use_wgmma(kW, kDv);
+    AttentionMaps maps{};  // the wgmma kernels load with TMA
+    if constexpr (kWgmma) {
+      const cudaError_t encoded = encode_attention_maps(maps, dims, in, &grads);
+      if (encoded != cudaSuccess) return encoded;
+    }
     if (!grads.deterministic) {  // dq̃ summed by atomic adds in the key kernel
       const std::size_t dq_bytes = std::size_t(dims.batch) * dims.n_head * dims.seq_len * kW * sizeof(float);
       const cudaError_t zeroed = cudaMemsetAsync(grads.dq, 0, dq_bytes, stream);
       if (zeroed != cudaSuccess) return zeroed;
       return launch_with_shared<flash_key_grad_kernel<kW, kDv, true, kWgmma>>(
-          tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, true, kWgmma>::bytes(bias_grad), stream, dims, in, grads);
+          tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, true, kWgmma>::bytes(bias_grad), stream, dims, in, grads,
+          maps);
     }
     const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv, false, kWgmma>>(
-        tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, false, kWgmma>::bytes(bias_grad), stream, dims, in, grads);
+        tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, false, kWgmma>::bytes(bias_grad), stream, dims, in, grads,
+        maps);
     if (keys != cudaSuccess) return keys;
     return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma>>(
-        tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads);
+        tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads, maps);
   });
   if (status != cudaSuccess || !bias_grad) return status;
   constexpr int kReduceThreads = 256;
