@@ -14,6 +14,8 @@
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2.
 // The per-score code is branch-free: masks are selects after the exponential, and the bias is a
 // compile-time choice per call at W = 64 (with_bias), so the unrolled loops stay straight-line code.
+// Whether a tile needs the mask is a compile-time choice per tile too (with_flag): most tiles
+// need none. Without a bias the scale rides in the exponential's FFMA (exp2(s·c − max)).
 #include <cstdint>
 #include <type_traits>
 
@@ -85,13 +87,20 @@ __device__ inline float exp2_flush(float x) {
 struct RuntimeBias {
   bool value;
 };
+// body(std::true_type{}) or body(std::false_type{}) as `flag` is set: one branch, and a
+// straight-line copy of body for each value (the body tests flag.value).
+template <class Body>
+__device__ __forceinline__ void with_flag(bool flag, Body&& body) {
+  if (flag)
+    body(std::true_type{});
+  else
+    body(std::false_type{});
+}
+
 template <bool kCompileTime, class Body>
 __device__ __forceinline__ void with_bias(bool has_bias, Body&& body) {
   if constexpr (kCompileTime) {
-    if (has_bias)
-      body(std::true_type{});
-    else
-      body(std::false_type{});
+    with_flag(has_bias, body);
   } else {
     body(RuntimeBias{has_bias});
   }
@@ -290,24 +299,31 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
         }
       }
     }
-    // Only tiles reaching past this warp's first row need the causal mask: column col of row
-    // `row` is hidden when col > i0 + row − j0 (a limit no column reaches in other tiles).
+    // Only tiles reaching past this warp's first row need the causal mask (a copy of the loop
+    // per case): column col of row `row` is hidden when col > i0 + row − j0.
     const bool masked = j0 + kTile - 1 > i0 + warp_row0;
     const float* slots =
         bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
+    // The scores in log2 units are s · factor: without a bias s stays unscaled and the scale
+    // rides in the exponential's FFMA below (maxima of unscaled scores are the right ones, the
+    // scale being positive); with one, s becomes scale·s + b and factor 1.
+    float factor = scale_log2;
     with_bias<kW == 64>(has_bias, [&](auto bias) {
+      if (bias.value) factor = 1.0f;
+      with_flag(masked, [&](auto mask) {
 #pragma unroll
-      for (int f = 0; f < kFragments; ++f)
+        for (int f = 0; f < kFragments; ++f)
 #pragma unroll
-        for (int nb = 0; nb < kScoreBlocks; ++nb)
+          for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = row_of(f, e), col = column_of(nb, e);
-            const int last_column = masked ? i0 + row - j0 : kTile;
-            float x = s[f][nb][e] * scale_log2;
-            if (bias.value) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
-            s[f][nb][e] = col > last_column ? -INFINITY : x;
-          }
+            for (int e = 0; e < 4; ++e) {
+              const int row = row_of(f, e), col = column_of(nb, e);
+              float x = s[f][nb][e];
+              if (bias.value) x = fmaf(slots[row - col + kTile - 1], kLog2e, x * scale_log2);
+              if (mask.value) x = col > i0 + row - j0 ? -INFINITY : x;
+              s[f][nb][e] = x;
+            }
+      });
     });
 
     // Online softmax per fragment row (r = 0: row g, r = 1: row g + 8). row_sum stays a
@@ -319,15 +335,15 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
         float tile_max = -INFINITY;
 #pragma unroll
         for (int nb = 0; nb < kScoreBlocks; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
-        const float new_max = fmaxf(row_max[f][r], quad_max(tile_max));
+        const float new_max = fmaxf(row_max[f][r], quad_max(tile_max) * factor);  // log2 units
         const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
         const float correction = exp2_flush(row_max[f][r] - base);
         row_max[f][r] = new_max;
         float sum = 0.0f;
 #pragma unroll
         for (int nb = 0; nb < kScoreBlocks; ++nb) {
-          s[f][nb][2 * r] = exp2_flush(s[f][nb][2 * r] - base);
-          s[f][nb][2 * r + 1] = exp2_flush(s[f][nb][2 * r + 1] - base);
+          s[f][nb][2 * r] = exp2_flush(fmaf(s[f][nb][2 * r], factor, -base));
+          s[f][nb][2 * r + 1] = exp2_flush(fmaf(s[f][nb][2 * r + 1], factor, -base));
           sum += s[f][nb][2 * r] + s[f][nb][2 * r + 1];
         }
         row_sum[f][r] = row_sum[f][r] * correction + sum;
@@ -537,22 +553,25 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
       mma_a_tile_b_rows<kDv, kTile, kDv, kDv>(ds, v_tile, lane.warp * 16, dout_tile);
     }
     // Query `query` of key `key` is visible when first_query ≤ query < query_end (the diagonal
-    // tile hides queries before the key; queries past T are zero rows).
+    // tile hides queries before the key; queries past T are zero rows); other tiles need no mask
+    // (a copy of the loop per case).
     const bool diagonal = qb == key_block;
     const int query_end = T - i0;
     with_bias<kW == 64>(has_bias, [&](auto bias) {
+      with_flag(diagonal || query_end < kTile, [&](auto mask) {
 #pragma unroll
-      for (int nb = 0; nb < kScoreBlocks; ++nb)
+        for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = lane.row(e), query = lane.column(nb, e);
-          const int first_query = diagonal ? key : 0;
-          float x = p[nb][e] * scale_log2;
-          if (bias.value) x = fmaf(slots[query - key + kTile - 1], kLog2e, x);
-          const float prob = exp2_flush(fmaf(lse_tile[query], -kLog2e, x));
-          p[nb][e] = query >= first_query && query < query_end ? prob : 0.0f;
-          ds[nb][e] = p[nb][e] * (ds[nb][e] - row_dot_tile[query]);
-        }
+          for (int e = 0; e < 4; ++e) {
+            const int key = lane.row(e), query = lane.column(nb, e);
+            float x = p[nb][e] * scale_log2;
+            if (bias.value) x = fmaf(slots[query - key + kTile - 1], kLog2e, x);
+            const float prob = exp2_flush(fmaf(lse_tile[query], -kLog2e, x));
+            const int first_query = diagonal ? key : 0;
+            p[nb][e] = !mask.value || (query >= first_query && query < query_end) ? prob : 0.0f;
+            ds[nb][e] = p[nb][e] * (ds[nb][e] - row_dot_tile[query]);
+          }
+      });
     });
     std::uint32_t a[kScoreSteps][4];
     accumulators_to_operand(a, p);
@@ -768,12 +787,12 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     copy_async_commit();
   };
 
-  // This lane's two rows: lse in log2 units (+∞ past T, so that P is 0 there) and D.
-  float lse2[2], row_dot[2];
+  // This lane's two rows: −lse in log2 units (−∞ past T, so that P is 0 there) and D.
+  float minus_lse2[2], row_dot[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int t = i0 + lane.row(2 * r);
-    lse2[r] = t < T ? grads.lse[head.statistic_index(t)] * kLog2e : INFINITY;
+    minus_lse2[r] = t < T ? grads.lse[head.statistic_index(t)] * -kLog2e : -INFINITY;
     row_dot[r] = t < T ? grads.row_dot[head.statistic_index(t)] : 0.0f;
   }
 
@@ -800,19 +819,23 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
       mma_a_tile_b_rows<kW, kTile, kW, kW>(p, q_tile, lane.warp * 16, k_tile);        // S = q̃ · k̃ᵀ
       mma_a_tile_b_rows<kDv, kTile, kDv, kDv>(ds, dout_tile, lane.warp * 16, v_tile);  // dP = dout · vᵀ
     }
+    // Only the diagonal tile hides keys (columns past the row); a copy of the loop per case.
     const bool diagonal = kb == q_block;
     with_bias<kW == 64>(has_bias, [&](auto bias) {
+      with_flag(diagonal, [&](auto mask) {
 #pragma unroll
-      for (int nb = 0; nb < kScoreBlocks; ++nb)
+        for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = lane.row(e), col = lane.column(nb, e);
-          const int last_column = diagonal ? row : kTile;
-          float x = p[nb][e] * scale_log2;
-          if (bias.value) x = fmaf(slots[row - col + kTile - 1], kLog2e, x);
-          const float prob = col > last_column ? 0.0f : exp2_flush(x - lse2[e / 2]);
-          ds[nb][e] = prob * (ds[nb][e] - row_dot[e / 2]);
-        }
+          for (int e = 0; e < 4; ++e) {
+            const int row = lane.row(e), col = lane.column(nb, e);
+            // log2 P = scale·s (+ b) − lse: one FFMA without a bias
+            const float exponent = bias.value
+                                       ? fmaf(slots[row - col + kTile - 1], kLog2e, p[nb][e] * scale_log2) + minus_lse2[e / 2]
+                                       : fmaf(p[nb][e], scale_log2, minus_lse2[e / 2]);
+            const float prob = mask.value && col > row ? 0.0f : exp2_flush(exponent);
+            ds[nb][e] = prob * (ds[nb][e] - row_dot[e / 2]);
+          }
+      });
     });
     std::uint32_t a[kScoreSteps][4];
     accumulators_to_operand(a, ds);
@@ -933,7 +956,9 @@ cudaError_t encode_attention_maps(AttentionMaps& maps, const AttentionDims& dims
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in) {
   const bool widths = (dims.qk_width == 64 && dims.head_dim == 64) || (dims.qk_width == 128 && dims.head_dim == 64) ||
                       (dims.qk_width == 128 && dims.head_dim == 128);
-  return widths && dims.batch > 0 && dims.n_head > 0 && dims.seq_len > 0 && blocks_of(dims.seq_len) <= 65535 &&
+  // in.score.scale > 0: the forward takes row maxima of unscaled scores.
+  return widths && in.score.scale > 0.0f && dims.batch > 0 && dims.n_head > 0 && dims.seq_len > 0 &&
+         blocks_of(dims.seq_len) <= 65535 &&
          std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && aligned_16(in.q) && aligned_16(in.k) &&
          aligned_16(in.qkv);
 }
