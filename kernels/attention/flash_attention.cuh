@@ -22,7 +22,8 @@
 
 namespace pope::kernels {
 
-// True when the fused kernels handle these sizes and the tensors are 16-byte aligned.
+// True when the fused kernels handle these sizes, the softmax scale is positive (it always is for
+// the encodings here) and the tensors are 16-byte aligned.
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in);
 
 // As causal_attention_forward: out bf16 [B·T, C] at head h, lse f32 [B, H, T].
