@@ -9,8 +9,8 @@
 #include <cmath>
 
 #include "cuda/cuda_backend.hpp"
-#include "cuda/cuda_device.hpp"
 #include "cuda_op_test_support.hpp"
+#include "hopper_test_support.hpp"
 #include "tma_copies.hpp"
 
 namespace {
@@ -18,10 +18,7 @@ namespace {
 using namespace pope;
 
 TEST(Tma, TilesArriveSwizzledAndZeroFilledAndVectorsZeroOutside) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  cudaDeviceProp properties{};
-  ASSERT_EQ(cudaGetDeviceProperties(&properties, 0), cudaSuccess);
-  if (properties.major != 9) GTEST_SKIP() << "TMA needs an sm_90 GPU, this is sm_" << properties.major << properties.minor;
+  if (const std::string why = test::why_not_hopper("TMA"); !why.empty()) GTEST_SKIP() << why;
   auto backend = make_cuda_backend(0);
   // 2 groups × 100 rows × 128 columns, rows 136 elements apart, groups 100 rows + 8 apart.
   constexpr int kColumns = 128, kRows = 100, kGroups = 2, kRowStride = 136, kGroupStride = 108 * kRowStride;

@@ -8,8 +8,8 @@
 #include <cmath>
 
 #include "cuda/cuda_backend.hpp"
-#include "cuda/cuda_device.hpp"
 #include "cuda_op_test_support.hpp"
+#include "hopper_test_support.hpp"
 #include "wgmma_products.hpp"
 
 namespace {
@@ -26,10 +26,7 @@ double relative_error(const std::vector<double>& got, const std::vector<double>&
 }
 
 TEST(Wgmma, SwizzledOperandsAndRegisterFragmentsGiveTheHostProducts) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  cudaDeviceProp properties{};
-  ASSERT_EQ(cudaGetDeviceProperties(&properties, 0), cudaSuccess);
-  if (properties.major != 9) GTEST_SKIP() << "wgmma needs an sm_90 GPU, this is sm_" << properties.major << properties.minor;
+  if (const std::string why = test::why_not_hopper("wgmma"); !why.empty()) GTEST_SKIP() << why;
   auto backend = make_cuda_backend(0);
   const std::vector<float> a = test::random_bf16_values(64 * 128, 1), b = test::random_bf16_values(64 * 128, 2),
                            p = test::random_bf16_values(64 * 64, 3), v = test::random_bf16_values(64 * 64, 4);
