@@ -65,12 +65,7 @@ TEST(CudaPhaseTable, TabulatedPhasesGiveThePerElementTransformExactly) {
     const OwnedTensor frequencies = allocate_tensor(*gpu, {count}, DType::f64);
     gpu->copy_from_host(frequencies.tensor, omega.data());
 
-    kernels::AttentionDims dims;
-    dims.batch = B;
-    dims.seq_len = T;
-    dims.n_head = H;
-    dims.head_dim = d;
-    dims.qk_width = W;
+    const kernels::AttentionDims dims{.batch = B, .seq_len = T, .n_head = H, .head_dim = d, .qk_width = W};
     kernels::QkTransformParams plan;
     plan.kind = c.kind;
     plan.position_offset = c.position_offset;

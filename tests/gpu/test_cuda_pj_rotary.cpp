@@ -89,12 +89,7 @@ Encoded run_on_gpu(const PjRotaryEncoding& rotary, const PositionContext& ctx, i
   const OwnedTensor frequencies = allocate_tensor(*gpu, {std::int64_t(omega.size())}, DType::f64);
   gpu->copy_from_host(frequencies.tensor, omega.data());
 
-  kernels::AttentionDims dims;
-  dims.batch = batch;
-  dims.seq_len = T;
-  dims.n_head = H;
-  dims.head_dim = d;
-  dims.qk_width = d;
+  const kernels::AttentionDims dims{.batch = batch, .seq_len = T, .n_head = H, .head_dim = d, .qk_width = d};
   kernels::QkTransformParams plan;
   plan.kind = kernels::QkTransformKind::pj_rotary;
   plan.position_offset = ctx.position_offset;
@@ -247,12 +242,7 @@ TEST(CudaPjRotaryGolden, QueryFeatureAndScoresThroughTheGpuTransform) {
 TEST(CudaPjRotaryPlan, RejectsOrdersAndWidthsItCannotRun) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto gpu = make_backend("cuda");
-  kernels::AttentionDims dims;
-  dims.batch = 1;
-  dims.seq_len = 4;
-  dims.n_head = 1;
-  dims.head_dim = 64;
-  dims.qk_width = 64;
+  const kernels::AttentionDims dims{.batch = 1, .seq_len = 4, .n_head = 1, .head_dim = 64, .qk_width = 64};
   const OwnedTensor qkv = allocate_tensor(*gpu, {4, 192}, DType::bf16);
   const OwnedTensor q = allocate_tensor(*gpu, {256}, DType::bf16), k = allocate_tensor(*gpu, {256}, DType::bf16);
   const OwnedTensor frequencies = allocate_tensor(*gpu, {32}, DType::f64);
