@@ -15,7 +15,8 @@
 // The per-score code is branch-free: masks are selects after the exponential, and the bias is a
 // compile-time choice per call at W = 64 (with_bias), so the unrolled loops stay straight-line code.
 // Whether a tile needs the mask is a compile-time choice per tile too (with_flag): most tiles
-// need none. Without a bias the scale rides in the exponential's FFMA (exp2(s·c − max)).
+// need none. Forward and query kernels keep scores in units of 1/scale (s + b/scale: one FFMA
+// with a bias) and fold the scale into the exponential's FFMA (exp2(s·c − max)).
 #include <cstdint>
 #include <type_traits>
 
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   auto row_of = [&](int f, int e) { return warp_row0 + 16 * f + g + (e / 2) * 8; };
   auto column_of = [&](int nb, int e) { return nb * 8 + 2 * quad + (e & 1); };
   const bool has_bias = head.bias != nullptr;
-  const float scale_log2 = in.score.scale * kLog2e;
+  const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
@@ -304,12 +305,10 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     const bool masked = j0 + kTile - 1 > i0 + warp_row0;
     const float* slots =
         bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
-    // The scores in log2 units are s · factor: without a bias s stays unscaled and the scale
-    // rides in the exponential's FFMA below (maxima of unscaled scores are the right ones, the
-    // scale being positive); with one, s becomes scale·s + b and factor 1.
-    float factor = scale_log2;
+    // Scores stay in units of 1/scale (s + b/scale, one FFMA with a bias) and the scale rides in
+    // the exponential's FFMA below: maxima taken in these units are the right ones, the scale
+    // being positive.
     with_bias<kW == 64>(has_bias, [&](auto bias) {
-      if (bias.value) factor = 1.0f;
       with_flag(masked, [&](auto mask) {
 #pragma unroll
         for (int f = 0; f < kFragments; ++f)
@@ -319,7 +318,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
             for (int e = 0; e < 4; ++e) {
               const int row = row_of(f, e), col = column_of(nb, e);
               float x = s[f][nb][e];
-              if (bias.value) x = fmaf(slots[row - col + kTile - 1], kLog2e, x * scale_log2);
+              if (bias.value) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
               if (mask.value) x = col > i0 + row - j0 ? -INFINITY : x;
               s[f][nb][e] = x;
             }
@@ -335,15 +334,15 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
         float tile_max = -INFINITY;
 #pragma unroll
         for (int nb = 0; nb < kScoreBlocks; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
-        const float new_max = fmaxf(row_max[f][r], quad_max(tile_max) * factor);  // log2 units
+        const float new_max = fmaxf(row_max[f][r], quad_max(tile_max) * scale_log2);  // log2 units
         const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
         const float correction = exp2_flush(row_max[f][r] - base);
         row_max[f][r] = new_max;
         float sum = 0.0f;
 #pragma unroll
         for (int nb = 0; nb < kScoreBlocks; ++nb) {
-          s[f][nb][2 * r] = exp2_flush(fmaf(s[f][nb][2 * r], factor, -base));
-          s[f][nb][2 * r + 1] = exp2_flush(fmaf(s[f][nb][2 * r + 1], factor, -base));
+          s[f][nb][2 * r] = exp2_flush(fmaf(s[f][nb][2 * r], scale_log2, -base));
+          s[f][nb][2 * r + 1] = exp2_flush(fmaf(s[f][nb][2 * r + 1], scale_log2, -base));
           sum += s[f][nb][2 * r] + s[f][nb][2 * r + 1];
         }
         row_sum[f][r] = row_sum[f][r] * correction + sum;
@@ -564,6 +563,8 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = lane.row(e), query = lane.column(nb, e);
+            // Here the scale stays a multiply: folding it into the exponential's FFMA as in the
+            // other kernels needs lse·log2 e per query in registers (ptxas then spilled 64 bytes).
             float x = p[nb][e] * scale_log2;
             if (bias.value) x = fmaf(slots[query - key + kTile - 1], kLog2e, x);
             const float prob = exp2_flush(fmaf(lse_tile[query], -kLog2e, x));
@@ -777,7 +778,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
   const int i0 = q_block * kTile;
   const Lane lane;
   const bool has_bias = head.bias != nullptr;
-  const float scale_log2 = in.score.scale * kLog2e;
+  const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
@@ -828,11 +829,10 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int row = lane.row(e), col = lane.column(nb, e);
-            // log2 P = scale·s (+ b) − lse: one FFMA without a bias
-            const float exponent = bias.value
-                                       ? fmaf(slots[row - col + kTile - 1], kLog2e, p[nb][e] * scale_log2) + minus_lse2[e / 2]
-                                       : fmaf(p[nb][e], scale_log2, minus_lse2[e / 2]);
-            const float prob = mask.value && col > row ? 0.0f : exp2_flush(exponent);
+            // log2 P = scale·(s + b/scale)·log2 e − lse·log2 e
+            float x = p[nb][e];
+            if (bias.value) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+            const float prob = mask.value && col > row ? 0.0f : exp2_flush(fmaf(x, scale_log2, minus_lse2[e / 2]));
             ds[nb][e] = prob * (ds[nb][e] - row_dot[e / 2]);
           }
       });
