@@ -122,9 +122,10 @@ __device__ inline float quad_max(float x) {
 // Tensor maps of one call (zeroed and unused in builds without wgmma): q̃, k̃ [B·H, T, W], dout
 // [B, T, C] and v inside qkv [B, T, 3C] as 64-column boxes of 64 rows; lse and D [B·H·T] as runs
 // of 64 floats; the bias table [H·T] as runs of 128 (kLagSlots: a 64 × 64 tile's lags) and of
-// 192 (kForwardRows + kTile: the forward's 128 × 64 tile) floats.
+// 192 (kForwardRows + kTile: the forward's 128 × 64 tile) floats; in the atomic-dq mode dq̃
+// [B·H, T, W] f32, added to in 32-column boxes of 64 rows.
 struct AttentionMaps {
-  CUtensorMap q, k, dout, v, lse, row_dot, bias_tile, bias_rows;
+  CUtensorMap q, k, dout, v, lse, row_dot, bias_tile, bias_rows, dq;
   int lse_shift, row_dot_shift, bias_shift;  // tma::encode_f32_vector's coordinate shifts
 };
 
@@ -422,6 +423,11 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
 // wgmma (kWgmma, sm_90a, d = 64): the same warps form one warpgroup; the tiles are
 // swizzled (wgmma.cuh) and the five products run on wgmma — Sᵀ and dPᵀ with both operands in
 // shared memory, dv and dk̃ with Pᵀ, dSᵀ from registers, dq̃ (atomic mode) from dS in shared memory.
+
+// Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators, and with
+// wgmma its shared staging tile).
+constexpr int kDqChunk = 64;
+
 template <int kW, int kDv, bool kAtomicDq, bool kWgmma>
 struct KeyGradLayout {
   static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));  // bf16 elements
@@ -431,6 +437,9 @@ struct KeyGradLayout {
   // dS, key-major, for dq̃
   static constexpr int ds = kAtomicDq ? kTile * (kWgmma ? kTile : padded_stride(kTile)) : 0;
   static constexpr int tiles = k + v + 2 * q + 2 * dout + ds;
+  // wgmma, atomic mode: floats after the tiles (1024-byte aligned) staging a chunk of dq̃ for
+  // tma::reduce_add_tile
+  static constexpr int dq_stage = kAtomicDq && kWgmma ? kTile * kDqChunk : 0;
   // floats after the tiles: lse and D of two stages, bias slots of two stages, lag sums
   static constexpr int row_stage = tma::vector_slots(kTile), lag_stage = tma::vector_slots(kLagSlots);
   static constexpr int statistics = 2 * row_stage + 2 * row_stage + 2 * lag_stage + kLagSlots;
@@ -439,14 +448,12 @@ struct KeyGradLayout {
   static constexpr int skew_rows = kTile / 2;
   static constexpr int skew_stride = kLagSlots + 4;
   static constexpr std::size_t bytes(bool bias_grad) {
-    return std::size_t(tiles) * sizeof(bf16) + (statistics + (bias_grad ? skew_rows * skew_stride : 0)) * sizeof(float) +
+    return std::size_t(tiles) * sizeof(bf16) +
+           (dq_stage + statistics + (bias_grad ? skew_rows * skew_stride : 0)) * sizeof(float) +
            (kWgmma ? 1024 : 0);  // tile_memory's alignment
   }
 };
 
-
-// Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators).
-constexpr int kDqChunk = 64;
 
 // grads.dq[row t] += pair (values in columns col, col + 1), atomically.
 __device__ inline void atomic_add_pair(float* address, float first, float second) {
@@ -482,7 +489,8 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   bf16* q_tiles = v_tile + Layout::v;
   bf16* dout_tiles = q_tiles + 2 * Layout::q;
   bf16* ds_tile = dout_tiles + 2 * Layout::dout;  // kAtomicDq only
-  float* lse_slots = reinterpret_cast<float*>(k_tile + Layout::tiles);
+  float* dq_stage = reinterpret_cast<float*>(k_tile + Layout::tiles);  // kAtomicDq with kWgmma only
+  float* lse_slots = dq_stage + Layout::dq_stage;
   float* row_dot_slots = lse_slots + 2 * Layout::row_stage;
   float* bias_slots = row_dot_slots + 2 * Layout::row_stage;
   float* lag_sums = bias_slots + 2 * Layout::lag_stage;
@@ -598,9 +606,11 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
 
     if constexpr (kAtomicDq) {
       // dq̃ of this tile's 64 queries from its 64 keys: dS (rounded to bf16 as for dk̃) into
-      // shared memory key-major, then warp w takes queries 16w..16w+15 over all 64 keys and
-      // adds scale · dS·k̃ to dq̃ (zeroed before the launch; every key block adds its part, in
-      // an order that may change from run to run).
+      // shared memory key-major, then warp w takes queries 16w..16w+15 over all 64 keys and adds
+      // scale · dS·k̃ to dq̃ (zeroed before the launch; every key block adds its part, in an order
+      // that may change from run to run). wgmma: a chunk of 64 columns at a time goes through
+      // the staging tile, and thread 0 adds it to dq̃ with TMA reduce-adds (one request per 128
+      // bytes instead of one per 8 from every thread); else atomics from registers.
 #pragma unroll
       for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
@@ -610,7 +620,10 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
           *reinterpret_cast<std::uint32_t*>(ds_tile + at) = pack_bf16(ds[nb][2 * r], ds[nb][2 * r + 1]);
         }
 #if defined(POPE_WGMMA)
-      if constexpr (kWgmma) wgmma::fence_shared_for_async();
+      if constexpr (kWgmma) {
+        wgmma::fence_shared_for_async();
+        if (threadIdx.x == 0) tma::wait_bulk_reads();  // the last tile's dq̃ chunk has left the staging tile
+      }
 #endif
       __syncthreads();
       const int query0 = lane.warp * 16;
@@ -621,20 +634,40 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
 #if defined(POPE_WGMMA)
           static_assert(kDqChunk == 64, "a chunk is one panel of k̃");
           wgmma::product_mn_major<kTile>(dq, ds_tile, k_tile + c0 / 64 * kTile * 64);
+          if (c0 > 0) {  // the previous chunk has left the staging tile
+            if (threadIdx.x == 0) tma::wait_bulk_reads();
+            __syncthreads();
+          }
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int nb = 0; nb < kDqChunk / 8; ++nb)
+              *reinterpret_cast<float2*>(dq_stage + tma::f32_swizzled_index(kTile, query0 + lane.g + 8 * r,
+                                                                            lane.column(nb, 0))) =
+                  make_float2(dq[nb][2 * r] * in.score.scale, dq[nb][2 * r + 1] * in.score.scale);
+          wgmma::fence_shared_for_async();
+          __syncthreads();
+          if (threadIdx.x == 0) {  // rows past T lie outside the map and are skipped
+#pragma unroll
+            for (int panel = 0; panel < kDqChunk / tma::kF32BoxColumns; ++panel)
+              tma::reduce_add_tile(&maps.dq, dq_stage + panel * kTile * tma::kF32BoxColumns,
+                                   c0 + panel * tma::kF32BoxColumns, i0, head.bh);
+            tma::commit_bulk_group();
+          }
 #endif
         } else {
           clear(dq);
           mma_a_columns_b_columns<kTile, kDqChunk, kTile, kW>(dq, ds_tile, query0, k_tile + c0);
-        }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int t = i0 + query0 + lane.g + 8 * r;
-          if (t >= T) continue;
-          float* dq_row = grads.dq + head.statistic_index(t) * kW + c0;
+          for (int r = 0; r < 2; ++r) {
+            const int t = i0 + query0 + lane.g + 8 * r;
+            if (t >= T) continue;
+            float* dq_row = grads.dq + head.statistic_index(t) * kW + c0;
 #pragma unroll
-          for (int nb = 0; nb < kDqChunk / 8; ++nb)
-            atomic_add_pair(dq_row + lane.column(nb, 0), dq[nb][2 * r] * in.score.scale,
-                            dq[nb][2 * r + 1] * in.score.scale);
+            for (int nb = 0; nb < kDqChunk / 8; ++nb)
+              atomic_add_pair(dq_row + lane.column(nb, 0), dq[nb][2 * r] * in.score.scale,
+                              dq[nb][2 * r + 1] * in.score.scale);
+          }
         }
       }
     }
@@ -698,6 +731,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
       if (has_bias) load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
     };
     tma::for_each_loaded(key_block, query_blocks, issue, body);
+    if (kAtomicDq && threadIdx.x == 0) tma::wait_bulk_writes();  // dq̃'s last chunk read and added
 #endif
   } else {
     load_operand_tile_async<kW, kWgmma>(k_tile, head.k, kW, j0, kTile, T);
@@ -925,8 +959,9 @@ constexpr bool use_wgmma(int qk_width, int head_dim) {
 
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
-// The tensor maps of one call (AttentionMaps), lse and D only with `grads`; cudaErrorInvalidValue
-// where a bf16 tensor does not meet TMA's alignment (flash_attention_supports checks the bases).
+// The tensor maps of one call (AttentionMaps), lse, D and dq̃ only with `grads`;
+// cudaErrorInvalidValue where a tensor does not meet TMA's alignment (flash_attention_supports
+// checks the bf16 bases, the atomic-dq mode needs a 16-byte aligned dq̃).
 cudaError_t encode_attention_maps(AttentionMaps& maps, const AttentionDims& dims, const EncodedAttention& in,
                                   const AttentionGradients* grads) {
   const std::int64_t T = dims.seq_len, W = dims.qk_width, d = dims.head_dim, heads = std::int64_t(dims.batch) * dims.n_head;
@@ -947,6 +982,7 @@ cudaError_t encode_attention_maps(AttentionMaps& maps, const AttentionDims& dims
     keep(tma::encode_bf16_tiles(&maps.dout, grads->dout, C, T, dims.batch, C, T * C, kTile));
     keep(tma::encode_f32_vector(&maps.lse, grads->lse, heads * T, kTile, &maps.lse_shift));
     keep(tma::encode_f32_vector(&maps.row_dot, grads->row_dot, heads * T, kTile, &maps.row_dot_shift));
+    if (!grads->deterministic) keep(tma::encode_f32_tiles(&maps.dq, grads->dq, W, T, heads, W, T * W, kTile));
   }
   return status;
 }

@@ -36,16 +36,30 @@ cudaError_t encode(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, 
   return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// A 3-D tensor of `element_bytes` elements read or written in swizzled boxes 128 bytes wide.
+cudaError_t encode_tiles(CUtensorMap* map, CUtensorMapDataType type, std::int64_t element_bytes, const void* base,
+                         std::int64_t columns, std::int64_t rows, std::int64_t groups, std::int64_t row_stride,
+                         std::int64_t group_stride, int box_rows) {
+  const cuuint64_t dims[3] = {cuuint64_t(columns), cuuint64_t(rows), cuuint64_t(groups)};
+  // Strides of dimensions 1 and 2, in bytes (dimension 0 is contiguous).
+  const cuuint64_t strides[2] = {cuuint64_t(row_stride * element_bytes), cuuint64_t(group_stride * element_bytes)};
+  const cuuint32_t box[3] = {cuuint32_t(128 / element_bytes), cuuint32_t(box_rows), 1};
+  return encode(map, type, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 }  // namespace
 
 cudaError_t encode_bf16_tiles(CUtensorMap* map, const void* base, std::int64_t columns, std::int64_t rows,
                               std::int64_t groups, std::int64_t row_stride, std::int64_t group_stride, int box_rows) {
-  constexpr std::int64_t kElementBytes = 2;
-  const cuuint64_t dims[3] = {cuuint64_t(columns), cuuint64_t(rows), cuuint64_t(groups)};
-  // Strides of dimensions 1 and 2, in bytes (dimension 0 is contiguous).
-  const cuuint64_t strides[2] = {cuuint64_t(row_stride * kElementBytes), cuuint64_t(group_stride * kElementBytes)};
-  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+  return encode_tiles(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, columns, rows, groups, row_stride, group_stride,
+                      box_rows);
+}
+
+cudaError_t encode_f32_tiles(CUtensorMap* map, const float* base, std::int64_t columns, std::int64_t rows,
+                             std::int64_t groups, std::int64_t row_stride, std::int64_t group_stride, int box_rows) {
+  static_assert(128 / sizeof(float) == kF32BoxColumns, "one box row is one 128-byte swizzle row");
+  return encode_tiles(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, sizeof(float), base, columns, rows, groups, row_stride,
+                      group_stride, box_rows);
 }
 
 cudaError_t encode_f32_vector(CUtensorMap* map, const float* base, std::int64_t count, int run, int* shift) {

@@ -21,6 +21,22 @@ namespace pope::kernels::tma {
 cudaError_t encode_bf16_tiles(CUtensorMap* map, const void* base, std::int64_t columns, std::int64_t rows,
                               std::int64_t groups, std::int64_t row_stride, std::int64_t group_stride, int box_rows);
 
+// A 3-D f32 tensor like encode_bf16_tiles' (columns contiguous), written from shared memory by
+// reduce_add_tile in boxes of box_rows × 32 columns (128 bytes) × 1 group, in the 128-byte swizzle
+// of f32_swizzled_index. Needs 16-byte aligned `base` and strides that are multiples of 4 elements.
+cudaError_t encode_f32_tiles(CUtensorMap* map, const float* base, std::int64_t columns, std::int64_t rows,
+                             std::int64_t groups, std::int64_t row_stride, std::int64_t group_stride, int box_rows);
+
+// Columns of one encode_f32_tiles box (one 128-byte swizzle row).
+constexpr int kF32BoxColumns = 32;
+// Element index of (r, c) in a shared f32 tile of `rows` rows written by reduce_add_tile: panels
+// of 32 columns, panel p starting at element p·rows·32; in each, 16-byte chunks of a row permuted
+// by the row's place in its group of 8 rows (TMA's 128-byte swizzle, as wgmma.cuh's bf16 tiles).
+__host__ __device__ constexpr int f32_swizzled_index(int rows, int r, int c) {
+  return (c / kF32BoxColumns) * rows * kF32BoxColumns + r * kF32BoxColumns +
+         ((((c % kF32BoxColumns) / 4) ^ (r % 8)) * 4) + c % 4;
+}
+
 // TMA copies a box of a vector only from a 16-byte aligned element: from any other start the
 // kernel stopped with an illegal instruction (seen on an H200), though the map and the shared
 // destination were aligned. So load_vector starts a run at its first element rounded down to
@@ -99,6 +115,24 @@ __device__ inline void load_vector(float* slots, const CUtensorMap* map, int fir
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(first - vector_lead(first)), "r"(detail::shared_address(barrier))
       : "memory");
 }
+
+// Adds the box at (column, row, group) of an encode_f32_tiles map from `tile` (1024-byte aligned,
+// laid out by f32_swizzled_index) to global memory element by element: the L2 does the adds,
+// atomically per element, and skips elements outside the tensor. The shared writes to `tile` must
+// be fenced for the async proxy (fence.proxy.async) and ordered before the call. The calling
+// thread then commits its boxes as one bulk group (commit_bulk_group) and waits for their reads
+// (wait_bulk_reads) before `tile` is written again, and for their writes (wait_bulk_writes) before
+// it exits.
+__device__ inline void reduce_add_tile(const CUtensorMap* map, const void* tile, int column, int row, int group) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+          reinterpret_cast<std::uint64_t>(map)),
+      "r"(column), "r"(row), "r"(group), "r"(detail::shared_address(tile))
+      : "memory");
+}
+__device__ inline void commit_bulk_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ inline void wait_bulk_reads() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ inline void wait_bulk_writes() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // The loop of the TMA-loading kernels, for blocks b in [first, end): thread 0 calls
 // issue(b, stage, barrier) to announce and start block b's copies into shared stage
