@@ -6,7 +6,7 @@
 // its rows one by one with a block-wide sum per row ran 3–5× under the memory bandwidth).
 // Each lane adds its columns' dgain terms into its warp's row of partials in shared memory; at
 // the end the block adds the warps' rows in warp order, and a second kernel adds the chunks'
-// partials column by column in chunk order. The chunking and the warps per block depend on the
+// partials in a fixed order (sum_gain_partials_kernel). The chunking and the warps per block depend on the
 // width alone, not on the GPU, so results are bitwise reproducible on any device.
 // Both move rows in groups of kWidth columns (16-byte accesses where rows allow it).
 #include <algorithm>
@@ -23,7 +23,6 @@ constexpr int kRowsPerChunk = 32;
 constexpr int kForwardThreads = 256;  // 8 rows per block
 constexpr int kBackwardWarps = 8;
 constexpr std::size_t kBackwardShared = 48u << 10;  // the default per-block limit, no opt-in
-constexpr int kReduceThreads = 256;
 
 int chunk_count(int rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
 
@@ -62,7 +61,8 @@ __global__ void rmsnorm_backward_kernel(__nv_bfloat16* dx, float* gain_partials,
   const int warps = int(blockDim.x) / kWarpSize, warp = int(threadIdx.x) / kWarpSize, lane = int(threadIdx.x) % kWarpSize;
   const int groups = width / kWidth;
   float* my_partials = warp_partials + std::size_t(warp) * width;
-  for (int i = lane; i < width; i += kWarpSize) my_partials[i] = 0.0f;
+  for (int g = lane; g < groups; g += kWarpSize)  // zeroed by the lane that adds to it
+    for (int k = 0; k < kWidth; ++k) my_partials[k * groups + g] = 0.0f;
 
   const int first = blockIdx.x * kRowsPerChunk;
   const int last = min(rows, first + kRowsPerChunk);
@@ -104,12 +104,23 @@ int backward_warps(int width) {
   return std::clamp(fitting, 1, kBackwardWarps);
 }
 
+// dgain[c] += Σ_chunks gain_partials[chunk][c] for a strip of kWarpSize columns per block: slice
+// y of kSumSlices adds chunks y, y + kSumSlices, … in order, then the slices are added in order
+// (one thread per column summing every chunk alone was latency-bound: a thousand dependent
+// loads at GPT-2's 32,768 rows).
+constexpr int kSumSlices = 32;
 __global__ void sum_gain_partials_kernel(float* dgain, const float* gain_partials, int chunks, int width) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= width) return;
+  __shared__ float slice_sums[kSumSlices][kWarpSize + 1];
+  const int column = int(blockIdx.x) * kWarpSize + int(threadIdx.x), slice = int(threadIdx.y);
   float sum = 0.0f;
-  for (int chunk = 0; chunk < chunks; ++chunk) sum += gain_partials[std::size_t(chunk) * width + c];
-  dgain[c] += sum;
+  if (column < width)
+    for (int chunk = slice; chunk < chunks; chunk += kSumSlices) sum += gain_partials[std::size_t(chunk) * width + column];
+  slice_sums[slice][threadIdx.x] = sum;
+  __syncthreads();
+  if (slice != 0 || column >= width) return;
+  float total = 0.0f;
+  for (int s = 0; s < kSumSlices; ++s) total += slice_sums[s][threadIdx.x];
+  dgain[column] += total;
 }
 
 }  // namespace
@@ -145,7 +156,7 @@ cudaError_t rmsnorm_backward(__nv_bfloat16* dx, float* dgain, const __nv_bfloat1
     return cudaGetLastError();
   });
   if (status != cudaSuccess) return status;
-  sum_gain_partials_kernel<<<(width + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, stream>>>(
+  sum_gain_partials_kernel<<<(width + kWarpSize - 1) / kWarpSize, dim3(kWarpSize, kSumSlices), 0, stream>>>(
       dgain, gain_partials, chunk_count(rows), width);
   return cudaGetLastError();
 }

@@ -9,7 +9,7 @@
 
 #include "attention/attention_head.cuh"
 #include "attention/causal_attention.cuh"
-#include "kernel_launch.cuh"
+#include "attention/kernel_launch.cuh"
 #include "attention/row_tiles.cuh"
 
 namespace pope::kernels {

@@ -22,7 +22,7 @@
 
 #include "attention/attention_head.cuh"
 #include "attention/flash_attention.cuh"
-#include "kernel_launch.cuh"
+#include "attention/kernel_launch.cuh"
 #include "attention/mma_tiles.cuh"
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"

@@ -1,4 +1,4 @@
-// Launching kernels that need more dynamic shared memory than the default 48 KiB.
+// Launching attention kernels that need more dynamic shared memory than the default 48 KiB.
 #pragma once
 
 #include <cuda_runtime.h>
