@@ -1,10 +1,13 @@
 // Forward: one warp per row (a row of GPT-2 width is a few KB: one warp streams it twice,
 // the second read hitting L1), warp-shuffle sum of squares in fp32.
-// Backward: one block per fixed chunk of kRowsPerChunk rows; the block walks its rows in
-// order, each thread owning the same columns throughout, so its dgain partials (in shared
-// memory) need no synchronisation and are summed in row order. A second kernel adds the
-// chunks' partials column by column in chunk order. The chunking does not depend on the
-// GPU, so results are bitwise reproducible on any device.
+// Backward: one block per fixed chunk of kRowsPerChunk rows; its warps take the chunk's rows in
+// turn (warp w: rows w, w + warps, …), each row reduced by warp shuffles alone, so the warps'
+// rows are in flight side by side and no block barrier waits between rows (one block walking
+// its rows one by one with a block-wide sum per row ran 3–5× under the memory bandwidth).
+// Each lane adds its columns' dgain terms into its warp's row of partials in shared memory; at
+// the end the block adds the warps' rows in warp order, and a second kernel adds the chunks'
+// partials in a fixed order (sum_gain_partials_kernel). The chunking and the warps per block depend on the
+// width alone, not on the GPU, so results are bitwise reproducible on any device.
 // Both move rows in groups of kWidth columns (16-byte accesses where rows allow it).
 #include <algorithm>
 
@@ -18,8 +21,8 @@ namespace {
 
 constexpr int kRowsPerChunk = 32;
 constexpr int kForwardThreads = 256;  // 8 rows per block
-constexpr int kMaxBackwardThreads = 256;
-constexpr int kReduceThreads = 256;
+constexpr int kBackwardWarps = 8;
+constexpr std::size_t kBackwardShared = 48u << 10;  // the default per-block limit, no opt-in
 
 int chunk_count(int rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
 
@@ -32,6 +35,7 @@ __global__ void rmsnorm_forward_kernel(__nv_bfloat16* out, float* rstd, const __
   const int groups = width / kWidth;
   const __nv_bfloat16* x_row = x + std::size_t(row) * width;
   float sum_squares = 0.0f;
+#pragma unroll 4  // a row's loads issued together (GPT-2's 768 columns: 3 groups per lane)
   for (int g = lane; g < groups; g += kWarpSize) {
     const Bf16Group<kWidth> values = load_group<kWidth>(x_row, g);
     for (int k = 0; k < kWidth; ++k) sum_squares += values.get(k) * values.get(k);
@@ -40,6 +44,7 @@ __global__ void rmsnorm_forward_kernel(__nv_bfloat16* out, float* rstd, const __
   const float inverse_rms = 1.0f / sqrtf(sum_squares / float(width) + eps);
   if (lane == 0) rstd[row] = inverse_rms;
   __nv_bfloat16* out_row = out + std::size_t(row) * width;
+#pragma unroll 4
   for (int g = lane; g < groups; g += kWarpSize) {
     const Bf16Group<kWidth> values = load_group<kWidth>(x_row, g), gains = load_group<kWidth>(gain, g);
     Bf16Group<kWidth> result;
@@ -52,47 +57,74 @@ template <int kWidth>
 __global__ void rmsnorm_backward_kernel(__nv_bfloat16* dx, float* gain_partials, const __nv_bfloat16* dout,
                                         const __nv_bfloat16* x, const __nv_bfloat16* gain, const float* rstd,
                                         int rows, int width) {
-  extern __shared__ float gain_partial[];  // [width]; group g's columns owned by thread g % blockDim.x
-  __shared__ float reduce_scratch[kWarpSize];
+  // [warps][width]; warp w's row written by its lanes only, column g·kWidth + k at k·groups + g
+  // so that a warp's lanes (consecutive g) touch consecutive banks.
+  extern __shared__ float warp_partials[];
+  const int warps = int(blockDim.x) / kWarpSize, warp = int(threadIdx.x) / kWarpSize, lane = int(threadIdx.x) % kWarpSize;
   const int groups = width / kWidth;
-  for (int g = threadIdx.x; g < groups; g += blockDim.x)
-    for (int k = 0; k < kWidth; ++k) gain_partial[g * kWidth + k] = 0.0f;
+  float* my_partials = warp_partials + std::size_t(warp) * width;
+  for (int g = lane; g < groups; g += kWarpSize)  // zeroed by the lane that adds to it
+    for (int k = 0; k < kWidth; ++k) my_partials[k * groups + g] = 0.0f;
 
   const int first = blockIdx.x * kRowsPerChunk;
   const int last = min(rows, first + kRowsPerChunk);
-  for (int row = first; row < last; ++row) {
+  for (int row = first + warp; row < last; row += warps) {
     const std::size_t base = std::size_t(row) * width;
     const float r = rstd[row];
     float dot = 0.0f;  // Σ_c (dout · gain) · x̂
-    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+#pragma unroll 4
+    for (int g = lane; g < groups; g += kWarpSize) {
       const Bf16Group<kWidth> dy = load_group<kWidth>(dout + base, g), xs = load_group<kWidth>(x + base, g),
                               gains = load_group<kWidth>(gain, g);
       for (int k = 0; k < kWidth; ++k) dot += dy.get(k) * gains.get(k) * xs.get(k) * r;
     }
-    const float mean = block_sum(dot, reduce_scratch) / float(width);
-    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    const float mean = warp_reduce(dot, SumOp{}) / float(width);
+#pragma unroll 4
+    for (int g = lane; g < groups; g += kWarpSize) {
       const Bf16Group<kWidth> dy = load_group<kWidth>(dout + base, g), xs = load_group<kWidth>(x + base, g),
                               gains = load_group<kWidth>(gain, g);
       Bf16Group<kWidth> dxs = load_group<kWidth>(dx + base, g);
       for (int k = 0; k < kWidth; ++k) {
         const float x_hat = xs.get(k) * r;
         dxs.set(k, dxs.get(k) + r * (dy.get(k) * gains.get(k) - x_hat * mean));
-        gain_partial[g * kWidth + k] += dy.get(k) * x_hat;
+        my_partials[k * groups + g] += dy.get(k) * x_hat;
       }
       store_group(dx + base, g, dxs);
     }
   }
-  for (int g = threadIdx.x; g < groups; g += blockDim.x)
-    for (int k = 0; k < kWidth; ++k)
-      gain_partials[std::size_t(blockIdx.x) * width + g * kWidth + k] = gain_partial[g * kWidth + k];
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < width; i += int(blockDim.x)) {
+    float sum = 0.0f;
+    for (int w = 0; w < warps; ++w) sum += warp_partials[std::size_t(w) * width + i];
+    const int g = i % groups, k = i / groups;
+    gain_partials[std::size_t(blockIdx.x) * width + g * kWidth + k] = sum;
+  }
 }
 
+// Warps per backward block: as many as kBackwardWarps whose partial rows fit kBackwardShared
+// (GPT-2's 768 and 1280 columns: 8), at least one (kRmsnormMaxWidth: 32 KiB).
+int backward_warps(int width) {
+  const int fitting = int(kBackwardShared / (sizeof(float) * std::size_t(width)));
+  return std::clamp(fitting, 1, kBackwardWarps);
+}
+
+// dgain[c] += Σ_chunks gain_partials[chunk][c] for a strip of kWarpSize columns per block: slice
+// y of kSumSlices adds chunks y, y + kSumSlices, … in order, then the slices are added in order
+// (one thread per column summing every chunk alone was latency-bound: a thousand dependent
+// loads at GPT-2's 32,768 rows).
+constexpr int kSumSlices = 32;
 __global__ void sum_gain_partials_kernel(float* dgain, const float* gain_partials, int chunks, int width) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= width) return;
+  __shared__ float slice_sums[kSumSlices][kWarpSize + 1];
+  const int column = int(blockIdx.x) * kWarpSize + int(threadIdx.x), slice = int(threadIdx.y);
   float sum = 0.0f;
-  for (int chunk = 0; chunk < chunks; ++chunk) sum += gain_partials[std::size_t(chunk) * width + c];
-  dgain[c] += sum;
+  if (column < width)
+    for (int chunk = slice; chunk < chunks; chunk += kSumSlices) sum += gain_partials[std::size_t(chunk) * width + column];
+  slice_sums[slice][threadIdx.x] = sum;
+  __syncthreads();
+  if (slice != 0 || column >= width) return;
+  float total = 0.0f;
+  for (int s = 0; s < kSumSlices; ++s) total += slice_sums[s][threadIdx.x];
+  dgain[column] += total;
 }
 
 }  // namespace
@@ -120,18 +152,15 @@ cudaError_t rmsnorm_backward(__nv_bfloat16* dx, float* dgain, const __nv_bfloat1
   if (width > kRmsnormMaxWidth || scratch_bytes < rmsnorm_backward_scratch_bytes(rows, width))
     return cudaErrorInvalidValue;
   auto* gain_partials = static_cast<float*>(scratch);
-  const std::size_t shared_bytes = sizeof(float) * std::size_t(width);
+  const int warps = backward_warps(width);
+  const std::size_t shared_bytes = sizeof(float) * std::size_t(warps) * std::size_t(width);
   const cudaError_t status = launch_with_group_width(width, {dx, dout, x, gain}, [&](auto group) {
-    // One thread per group up to kMaxBackwardThreads (GPT-2's 768 columns: 96 threads), so no
-    // thread idles and more blocks fit on a multiprocessor.
-    const int groups = width / decltype(group)::value;
-    const int threads = std::min(kMaxBackwardThreads, (groups + kWarpSize - 1) / kWarpSize * kWarpSize);
-    rmsnorm_backward_kernel<decltype(group)::value><<<chunk_count(rows), threads, shared_bytes, stream>>>(
+    rmsnorm_backward_kernel<decltype(group)::value><<<chunk_count(rows), warps * kWarpSize, shared_bytes, stream>>>(
         dx, gain_partials, dout, x, gain, rstd, rows, width);
     return cudaGetLastError();
   });
   if (status != cudaSuccess) return status;
-  sum_gain_partials_kernel<<<(width + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, stream>>>(
+  sum_gain_partials_kernel<<<(width + kWarpSize - 1) / kWarpSize, dim3(kWarpSize, kSumSlices), 0, stream>>>(
       dgain, gain_partials, chunk_count(rows), width);
   return cudaGetLastError();
 }

@@ -241,7 +241,9 @@ TEST_F(CudaOps, RmsnormForwardMatchesCpu) {
 // The backward's inputs: x, gain, dout and the forward's rstd (computed on the CPU and given
 // to both backends); dx and dgain start from non-zero values, since both accumulate.
 TEST_F(CudaOps, RmsnormBackwardAccumulatesLikeCpu) {
-  for (auto [rows, width] : {std::pair{100, 300}, std::pair{64, 768}}) {  // element and 16-byte paths
+  // Element and 16-byte paths; 3000 columns: 4 warps per block (8 above), 1100 rows: 35 chunks of
+  // 32, the last one short (the chunk sums run in 32 slices)
+  for (auto [rows, width] : {std::pair{100, 300}, std::pair{64, 768}, std::pair{1100, 3000}}) {
     SCOPED_TRACE(width);
     const std::size_t count = std::size_t(rows) * width;
     Pair x = pair({rows, width}, DType::bf16, random_bf16_values(count, 14, 2.0f));
