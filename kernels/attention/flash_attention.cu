@@ -420,14 +420,13 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
 
 // ---------------------------------------------------------------- key gradients (dk̃, dv, Ĝ)
 
-// wgmma (kWgmma, sm_90a, d = 64): the same warps form one warpgroup; the tiles are
-// swizzled (wgmma.cuh) and the five products run on wgmma — Sᵀ and dPᵀ with both operands in
-// shared memory, dv and dk̃ with Pᵀ, dSᵀ from registers, dq̃ (atomic mode) from dS in shared memory.
-
 // Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators, and with
 // wgmma its shared staging tile).
 constexpr int kDqChunk = 64;
 
+// wgmma (kWgmma, sm_90a, d = 64): the same warps form one warpgroup; the tiles are
+// swizzled (wgmma.cuh) and the five products run on wgmma — Sᵀ and dPᵀ with both operands in
+// shared memory, dv and dk̃ with Pᵀ, dSᵀ from registers, dq̃ (atomic mode) from dS in shared memory.
 template <int kW, int kDv, bool kAtomicDq, bool kWgmma>
 struct KeyGradLayout {
   static constexpr int k = kTile * (kWgmma ? kW : padded_stride(kW));  // bf16 elements
