@@ -761,20 +761,33 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   }
 }
 
-// Ĝ_h(Δ) += Σ_b Σ_{key blocks with 64·kb < T − Δ} partial rows, in that fixed order.
+// Ĝ_h(Δ) += Σ over the partial rows (b, kb) with 64·kb < T − Δ, in a fixed order: a block takes 32
+// lags of head blockIdx.y; slice y of kLagSumSlices adds the terms n = y, y + kLagSumSlices, … of
+// the sequence n = b·blocks + kb (blocks = the key blocks that reach lag Δ), then the slices are
+// added in order. (One thread per lag adding every term alone waited on memory: up to B·T/64
+// loads one after another, with few threads in flight at short T.)
+constexpr int kLagSumSlices = 16;
 __global__ void bias_grad_reduce_kernel(AttentionDims dims, const float* partials, float* bias_grad) {
-  const int T = dims.seq_len, H = dims.n_head, key_blocks = (T + kTile - 1) / kTile;
-  const std::int64_t count = std::int64_t(H) * T;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
-    const int h = int(i / T), lag = int(i % T);
-    float sum = 0.0f;
-    for (int b = 0; b < dims.batch; ++b) {
-      const float* rows = partials + (std::int64_t(b) * H + h) * key_blocks * T;
-      for (int kb = 0; kb * kTile < T - lag; ++kb) sum += rows[std::int64_t(kb) * T + lag];
+  __shared__ float slice_sums[kLagSumSlices][kWarpSize + 1];
+  const int T = dims.seq_len, H = dims.n_head, h = int(blockIdx.y), key_blocks = (T + kTile - 1) / kTile;
+  const int lag = int(blockIdx.x) * kWarpSize + int(threadIdx.x), slice = int(threadIdx.y);
+  float sum = 0.0f;
+  if (lag < T) {
+    const int blocks = (T - lag + kTile - 1) / kTile;  // key blocks kb with 64·kb < T − lag
+    int b = slice / blocks, kb = slice % blocks;
+    while (b < dims.batch) {
+      sum += partials[((std::int64_t(b) * H + h) * key_blocks + kb) * T + lag];
+      kb += kLagSumSlices;
+      b += kb / blocks;
+      kb %= blocks;
     }
-    bias_grad[i] += sum;
   }
+  slice_sums[slice][threadIdx.x] = sum;
+  __syncthreads();
+  if (slice != 0 || lag >= T) return;
+  float total = 0.0f;
+  for (int y = 0; y < kLagSumSlices; ++y) total += slice_sums[y][threadIdx.x];
+  bias_grad[std::int64_t(h) * T + lag] += total;
 }
 
 // ---------------------------------------------------------------- query gradients (dq̃)
@@ -991,9 +1004,10 @@ cudaError_t encode_attention_maps(AttentionMaps& maps, const AttentionDims& dims
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in) {
   const bool widths = (dims.qk_width == 64 && dims.head_dim == 64) || (dims.qk_width == 128 && dims.head_dim == 64) ||
                       (dims.qk_width == 128 && dims.head_dim == 128);
-  // in.score.scale > 0: the forward takes row maxima of unscaled scores.
+  // in.score.scale > 0: the forward takes row maxima of unscaled scores. Grid y: a head's row
+  // blocks, and the heads in the reduction of Ĝ's partial rows.
   return widths && in.score.scale > 0.0f && dims.batch > 0 && dims.n_head > 0 && dims.seq_len > 0 &&
-         blocks_of(dims.seq_len) <= 65535 &&
+         blocks_of(dims.seq_len) <= 65535 && dims.n_head <= 65535 &&
          std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && aligned_16(in.q) && aligned_16(in.k) &&
          aligned_16(in.qkv);
 }
@@ -1050,11 +1064,9 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
         tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads, maps);
   });
   if (status != cudaSuccess || !bias_grad) return status;
-  constexpr int kReduceThreads = 256;
-  const std::int64_t count = std::int64_t(dims.n_head) * dims.seq_len;
-  const std::int64_t blocks = (count + kReduceThreads - 1) / kReduceThreads;
-  bias_grad_reduce_kernel<<<unsigned(blocks < 65535 ? blocks : 65535), kReduceThreads, 0, stream>>>(
-      dims, grads.bias_grad_partials, grads.bias_grad);
+  const dim3 strips(unsigned((dims.seq_len + kWarpSize - 1) / kWarpSize), unsigned(dims.n_head));
+  bias_grad_reduce_kernel<<<strips, dim3(kWarpSize, kLagSumSlices), 0, stream>>>(dims, grads.bias_grad_partials,
+                                                                              grads.bias_grad);
   return cudaGetLastError();
 }
 
