@@ -1,6 +1,11 @@
 // One block per row. Pass 1 reads the row once, each thread keeping an online (max, sum of
-// exp) pair over its columns; the pairs are combined across the block. Pass 2 (only for the
-// gradient) reads the row again (from L2: a row is ~100 KB) and overwrites it with dlogits.
+// exp) pair over its columns, updated once per group of columns: the group's max, one rescale
+// if it is larger, then the group's exponentials. The pairs are combined across the block. Pass 2
+// (only for the gradient) reads the row again and overwrites it with dlogits. Exponentials are
+// exp2 of z·log2 e − max·log2 e: one FFMA and the hardware's exp2, where expf takes several
+// instructions more per column. (On the 124M step's 4,096 × 50,304 bf16 chunk: 0.402 ms with an
+// update per column and expf, 0.387 with the group update, 0.325 with exp2 as well; the loss
+// moves by ~1e-7 relative, dlogits by at most 1 bf16 ulp.)
 // Rows move in groups of 8 columns (16-byte accesses) when the padded width allows it. The
 // kernel is written once over the logits' element type: bf16 for training (dlogits in place,
 // half the memory), fp32 for evaluation (the classifier GEMM's fp32 product unrounded).
@@ -15,23 +20,25 @@ namespace pope::kernels {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// Σ exp(z − max) over some columns, with its max: combining two rescales to the larger max.
+// Σ exp(z − max) over some columns in log2 units: max2 = max·log2 e (rounded) and
+// sum = Σ 2^(z·log2 e − max2); combining two rescales to the larger max2.
 struct SoftmaxPartial {
-  float max;
+  float max2;
   float sum;
 };
 
 struct CombineSoftmax {
   __device__ SoftmaxPartial operator()(SoftmaxPartial a, SoftmaxPartial b) const {
-    const float max = fmaxf(a.max, b.max);
-    if (max == -INFINITY) return {max, 0.0f};
-    return {max, a.sum * expf(a.max - max) + b.sum * expf(b.max - max)};
+    const float max2 = fmaxf(a.max2, b.max2);
+    if (max2 == -INFINITY) return {max2, 0.0f};
+    return {max2, a.sum * exp2f(a.max2 - max2) + b.sum * exp2f(b.max2 - max2)};
   }
 };
 
 __device__ SoftmaxPartial shuffle_xor(SoftmaxPartial value, int offset) {
-  return {kernels::shuffle_xor(value.max, offset), kernels::shuffle_xor(value.sum, offset)};
+  return {kernels::shuffle_xor(value.max2, offset), kernels::shuffle_xor(value.sum, offset)};
 }
 
 template <class Logit, int kWidth>
@@ -64,29 +71,33 @@ __global__ void cross_entropy_kernel(float* losses, Logit* logits, const int* ta
   SoftmaxPartial partial{-INFINITY, 0.0f};
   for (int g = threadIdx.x; g < real_groups; g += blockDim.x) {
     const Group values = load_group<kWidth>(z, g);
-    for (int k = 0; k < kWidth; ++k) {
-      if (g * kWidth + k >= vocab_size) break;
-      const float value = values.get(k);
-      if (value > partial.max) {
-        partial.sum = partial.sum * expf(partial.max - value) + 1.0f;
-        partial.max = value;
-      } else {
-        partial.sum += expf(value - partial.max);
-      }
+    const int columns = min(kWidth, vocab_size - g * kWidth);  // the last group may reach the padding
+    float group_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k)
+      if (k < columns) group_max = fmaxf(group_max, values.get(k));
+    const float group_max2 = group_max * kLog2e;
+    if (group_max2 > partial.max2) {
+      partial.sum *= exp2f(partial.max2 - group_max2);  // 0 while max2 is still −∞
+      partial.max2 = group_max2;
     }
+    float group_sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k)
+      if (k < columns) group_sum += exp2f(fmaf(values.get(k), kLog2e, -partial.max2));
+    partial.sum += group_sum;
   }
   const SoftmaxPartial total = block_reduce(partial, reduce_scratch, CombineSoftmax{}, SoftmaxPartial{-INFINITY, 0.0f});
-  const float log_sum = logf(total.sum);
-  if (threadIdx.x == 0) losses[row] = log_sum + total.max - target_logit;
+  const float shift2 = total.max2 + log2f(total.sum);  // probability = 2^(z·log2 e − shift2)
+  if (threadIdx.x == 0) losses[row] = shift2 * kLn2 - target_logit;
   if (!compute_grad) return;
 
-  const float shift = total.max + log_sum;  // probability = exp(z − shift)
   for (int g = threadIdx.x; g < all_groups; g += blockDim.x) {
     const Group values = load_group<kWidth>(z, g);
     Group gradients;
     for (int k = 0; k < kWidth; ++k) {
       const int c = g * kWidth + k;
-      const float probability = c < vocab_size ? expf(values.get(k) - shift) : 0.0f;
+      const float probability = c < vocab_size ? exp2f(fmaf(values.get(k), kLog2e, -shift2)) : 0.0f;
       gradients.set(k, c < vocab_size ? (probability - (c == target ? 1.0f : 0.0f)) * grad_scale : 0.0f);
     }
     store_group(z, g, gradients);
