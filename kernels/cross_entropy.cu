@@ -14,13 +14,13 @@
 #include "bf16_group.cuh"
 #include "block_reduce.cuh"
 #include "cross_entropy.cuh"
+#include "log2_units.cuh"
 
 namespace pope::kernels {
 
 namespace {
 
 constexpr int kThreads = 512;
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Σ exp(z − max) over some columns in log2 units: max2 = max·log2 e (rounded) and
 // sum = Σ 2^(z·log2 e − max2); combining two rescales to the larger max2.

@@ -26,6 +26,7 @@
 #include "attention/mma_tiles.cuh"
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
+#include "log2_units.cuh"
 
 namespace pope::kernels {
 
@@ -41,8 +42,6 @@ constexpr int kScoreBlocks = kTile / 8;  // 8-column accumulator fragments acros
 constexpr int kScoreSteps = kTile / 16;  // 16-column A fragments across one tile
 // The lags t − s of one 64×64 tile relative to i0 − j0 span −63..63: slot (t − i0) − (s − j0) + 63.
 constexpr int kLagSlots = 2 * kTile;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.69314718055994531f;
 
 // Lane coordinates inside the mma fragments, and the tile row/column of accumulator element e
 // of 8-column block nb for a warp owning tile rows [16·warp, 16·warp + 16).
