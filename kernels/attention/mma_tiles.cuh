@@ -20,9 +20,10 @@
 
 #include <cstdint>
 
+#include "block_reduce.cuh"  // kWarpSize
+
 namespace pope::kernels::mma_tiles {
 
-constexpr int kWarpSize = 32;
 
 __host__ __device__ constexpr int padded_stride(int width) { return width + 8; }
 

@@ -12,9 +12,10 @@
 
 #include <cstdint>
 
+#include "block_reduce.cuh"  // kWarpSize
+
 namespace pope::kernels::row_tiles {
 
-constexpr int kWarpSize = 32;
 constexpr int kChunkRows = kWarpSize;
 constexpr int kRowsPerBlock = 16;
 constexpr int kThreads = kRowsPerBlock * kWarpSize;
