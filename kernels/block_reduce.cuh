@@ -42,4 +42,22 @@ template <class T, class Op> __device__ T block_reduce(T value, T* shared, Op op
 
 template <class T> __device__ T block_sum(T value, T* shared) { return block_reduce(value, shared, SumOp{}, T(0)); }
 
+// Σ_{n < count} term(n) for this thread's column in a block of kWarpSize columns × kSlices
+// slices (threadIdx.x, threadIdx.y): slice y adds the terms n = y, y + kSlices, … in order, then
+// the slices are added in order, so the order is fixed (bitwise reproducible) while kSlices of a
+// column's loads are in flight at once (one thread adding a long sum alone waits on each load).
+// The total is returned to slice 0 (the other slices get 0). All threads of the block must call
+// it, once per kernel.
+template <int kSlices, class Term> __device__ float sliced_column_sum(int count, Term term) {
+  __shared__ float slice_sums[kSlices][kWarpSize + 1];
+  float sum = 0.0f;
+  for (int n = int(threadIdx.y); n < count; n += kSlices) sum += term(n);
+  slice_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.y == 0)
+    for (int slice = 0; slice < kSlices; ++slice) total += slice_sums[slice][threadIdx.x];
+  return total;
+}
+
 }  // namespace pope::kernels

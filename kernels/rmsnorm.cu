@@ -108,23 +108,16 @@ int backward_warps(int width) {
   return std::clamp(fitting, 1, kBackwardWarps);
 }
 
-// dgain[c] += Σ_chunks gain_partials[chunk][c] for a strip of kWarpSize columns per block: slice
-// y of kSumSlices adds chunks y, y + kSumSlices, … in order, then the slices are added in order
-// (one thread per column summing every chunk alone was latency-bound: a thousand dependent
-// loads at GPT-2's 32,768 rows).
+// dgain[c] += Σ_chunks gain_partials[chunk][c] for a strip of kWarpSize columns per block, the
+// chunks in kSumSlices slices (sliced_column_sum; one thread per column summing every chunk
+// alone was latency-bound: a thousand dependent loads at GPT-2's 32,768 rows).
 constexpr int kSumSlices = 32;
 __global__ void sum_gain_partials_kernel(float* dgain, const float* gain_partials, int chunks, int width) {
-  __shared__ float slice_sums[kSumSlices][kWarpSize + 1];
-  const int column = int(blockIdx.x) * kWarpSize + int(threadIdx.x), slice = int(threadIdx.y);
-  float sum = 0.0f;
-  if (column < width)
-    for (int chunk = slice; chunk < chunks; chunk += kSumSlices) sum += gain_partials[std::size_t(chunk) * width + column];
-  slice_sums[slice][threadIdx.x] = sum;
-  __syncthreads();
-  if (slice != 0 || column >= width) return;
-  float total = 0.0f;
-  for (int s = 0; s < kSumSlices; ++s) total += slice_sums[s][threadIdx.x];
-  dgain[column] += total;
+  const int column = int(blockIdx.x) * kWarpSize + int(threadIdx.x);
+  const float total = sliced_column_sum<kSumSlices>(column < width ? chunks : 0, [&](int chunk) {
+    return gain_partials[std::size_t(chunk) * width + column];
+  });
+  if (threadIdx.y == 0 && column < width) dgain[column] += total;
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "attention/mma_tiles.cuh"
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
+#include "block_reduce.cuh"
 #include "log2_units.cuh"
 
 namespace pope::kernels {
@@ -761,32 +762,19 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
 }
 
 // Ĝ_h(Δ) += Σ over the partial rows (b, kb) with 64·kb < T − Δ, in a fixed order: a block takes 32
-// lags of head blockIdx.y; slice y of kLagSumSlices adds the terms n = y, y + kLagSumSlices, … of
-// the sequence n = b·blocks + kb (blocks = the key blocks that reach lag Δ), then the slices are
-// added in order. (One thread per lag adding every term alone waited on memory: up to B·T/64
-// loads one after another, with few threads in flight at short T.)
+// lags of head blockIdx.y, the terms n = b·blocks + kb (blocks: the key blocks that reach lag Δ)
+// in kLagSumSlices slices (sliced_column_sum; one thread per lag adding every term alone waited
+// on memory: up to B·T/64 loads one after another, with few threads in flight at short T).
 constexpr int kLagSumSlices = 16;
 __global__ void bias_grad_reduce_kernel(AttentionDims dims, const float* partials, float* bias_grad) {
-  __shared__ float slice_sums[kLagSumSlices][kWarpSize + 1];
   const int T = dims.seq_len, H = dims.n_head, h = int(blockIdx.y), key_blocks = (T + kTile - 1) / kTile;
-  const int lag = int(blockIdx.x) * kWarpSize + int(threadIdx.x), slice = int(threadIdx.y);
-  float sum = 0.0f;
-  if (lag < T) {
-    const int blocks = (T - lag + kTile - 1) / kTile;  // key blocks kb with 64·kb < T − lag
-    int b = slice / blocks, kb = slice % blocks;
-    while (b < dims.batch) {
-      sum += partials[((std::int64_t(b) * H + h) * key_blocks + kb) * T + lag];
-      kb += kLagSumSlices;
-      b += kb / blocks;
-      kb %= blocks;
-    }
-  }
-  slice_sums[slice][threadIdx.x] = sum;
-  __syncthreads();
-  if (slice != 0 || lag >= T) return;
-  float total = 0.0f;
-  for (int y = 0; y < kLagSumSlices; ++y) total += slice_sums[y][threadIdx.x];
-  bias_grad[std::int64_t(h) * T + lag] += total;
+  const int lag = int(blockIdx.x) * kWarpSize + int(threadIdx.x);
+  const int blocks = lag < T ? (T - lag + kTile - 1) / kTile : 1;  // key blocks kb with 64·kb < T − lag
+  const float total = sliced_column_sum<kLagSumSlices>(lag < T ? dims.batch * blocks : 0, [&](int n) {
+    const int b = n / blocks, kb = n % blocks;
+    return partials[((std::int64_t(b) * H + h) * key_blocks + kb) * T + lag];
+  });
+  if (threadIdx.y == 0 && lag < T) bias_grad[std::int64_t(h) * T + lag] += total;
 }
 
 // ---------------------------------------------------------------- query gradients (dq̃)
