@@ -512,15 +512,25 @@ TEST_F(CudaOps, SumOfSquaresMatchesCpuAndIsBitwiseDeterministic) {
     const double cpu_sum = cpu_->sum_of_squares(x.cpu.tensor);
     EXPECT_NEAR(gpu_sum, cpu_sum, 1e-10 * cpu_sum);  // one missed element would be ≈ 3e-7
     EXPECT_EQ(gpu_->sum_of_squares(x.gpu.tensor), gpu_sum);  // bitwise
+    // Views starting 1..3 floats past a 16-byte boundary: elements before the first boundary
+    // and after the last whole 16-byte group are summed apart from the vectors.
+    for (std::int64_t skip = 1; skip <= 3; ++skip) {
+      SCOPED_TRACE(skip);
+      const double view_gpu = gpu_->sum_of_squares(x.gpu.tensor.rows(skip, n));
+      const double view_cpu = cpu_->sum_of_squares(x.cpu.tensor.rows(skip, n));
+      EXPECT_NEAR(view_gpu, view_cpu, 1e-10 * view_cpu);
+    }
   }
 }
 
 class CudaAdamW : public CudaOps {
  protected:
   static constexpr std::int64_t kTotal = 200000;
-  // Segments with padding gaps between them, an empty one, and some longer than one 64Ki chunk.
+  // Segments with padding gaps between them, an empty one, some longer than one 64Ki chunk, one
+  // whose ends are not multiples of 4 (the kernel's single-element head and tail), one of 5.
   std::vector<ParamSegment> gapped_segments() const {
-    return {{0, 70000, true}, {70016, 5, false}, {70032, 0, true}, {70048, 100000, true}, {170048, 29000, false}};
+    return {{0, 70000, true},      {70005, 5, false},      {70021, 10, false},
+            {70032, 0, true},      {70048, 100000, true},  {170048, 29000, false}};
   }
 
   void SetUp() override {
@@ -581,6 +591,31 @@ TEST_F(CudaAdamW, MatchesCpuAndLeavesPaddingAlone) {
   step_both(whole, step);
   EXPECT_LT(error_of(params_), 1e-6);
   EXPECT_LT(error_of(v_), 1e-6);
+}
+
+TEST_F(CudaAdamW, MatchesCpuOnArenasOffA16ByteBoundary) {
+  // Arenas one float past cudaMalloc's alignment take the single-element path throughout.
+  const std::int64_t n = kTotal - 1;
+  AdamWStep step;
+  step.lr = 1e-3;
+  step.weight_decay = 0.1;
+  step.step = 2;
+  const std::vector<ParamSegment> segments = {{0, 65600, true}, {65603, n - 65603, false}};
+  OwnedTensor compute = allocate_tensor(*gpu_, {n}, DType::bf16);
+  gpu_->adamw(params_.gpu.tensor.rows(1, kTotal), grads_.gpu.tensor.rows(1, kTotal), m_.gpu.tensor.rows(1, kTotal),
+              v_.gpu.tensor.rows(1, kTotal), segments, step, compute.tensor);
+  cpu_->adamw(params_.cpu.tensor.rows(1, kTotal), grads_.cpu.tensor.rows(1, kTotal), m_.cpu.tensor.rows(1, kTotal),
+              v_.cpu.tensor.rows(1, kTotal), segments, step, Tensor{});
+  EXPECT_LT(error_of(params_), 1e-6);
+  EXPECT_LT(error_of(m_), 1e-6);
+  EXPECT_LT(error_of(v_), 1e-6);
+  const std::vector<double> params_after = download(*gpu_, params_.gpu.tensor);
+  const std::vector<double> compute_after = download(*gpu_, compute.tensor);
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i >= 65600 && i < 65603) continue;  // the gap between the segments
+    const float updated = float(params_after[std::size_t(i) + 1]);
+    ASSERT_EQ(compute_after[std::size_t(i)], cpu::bf16_to_float(cpu::float_to_bf16(updated))) << "element " << i;
+  }
 }
 
 TEST_F(CudaAdamW, RejectsSegmentsOutsideTheArenaAndBadSteps) {
