@@ -102,7 +102,10 @@ class CudaFence final : public TimedFence {
   CudaFence(const CudaFence&) = delete;
   CudaFence& operator=(const CudaFence&) = delete;
 
-  void record() override { POPE_CUDA_CHECK(cudaEventRecord(event_, stream_)); }
+  void record() override {
+    POPE_CUDA_CHECK(cudaEventRecord(event_, stream_));
+    recorded_ = true;
+  }
   void wait() override { POPE_CUDA_CHECK(cudaEventSynchronize(event_)); }  // an unrecorded event returns at once
   bool ready() override {
     const cudaError_t status = cudaEventQuery(event_);
@@ -114,6 +117,10 @@ class CudaFence final : public TimedFence {
     const auto* other = dynamic_cast<const CudaFence*>(&earlier);
     if (other == nullptr || !timed_ || !other->timed_)
       throw std::logic_error("seconds_since: both fences must be timed CUDA fences (make_timed_fence)");
+    // Asked before the CUDA call, which would fail with an error that tools report even when
+    // handled (compute-sanitizer lists every failed API call).
+    if (!recorded_ || !other->recorded_)
+      throw std::logic_error("seconds_since: a fence that was not recorded or not yet reached");
     float ms = 0.0f;
     const cudaError_t status = cudaEventElapsedTime(&ms, other->event_, event_);
     if (status == cudaErrorNotReady || status == cudaErrorInvalidResourceHandle) {
@@ -127,6 +134,7 @@ class CudaFence final : public TimedFence {
  private:
   cudaStream_t stream_;
   bool timed_;
+  bool recorded_ = false;
   cudaEvent_t event_ = nullptr;
 };
 
