@@ -4,14 +4,14 @@
 // Backward without float atomics, whose summation order would vary from run to run:
 //   1. sort (token, position) pairs by token with CUB's stable radix sort, so each token's
 //      positions form one run, in increasing position order;
-//   2. one block per sorted entry; only the first entry of a run works: its threads take
-//      columns (16-byte groups of them where aligned), sum the run's dout rows in order in
-//      fp32 and add the sums into dtable.
+//   2. one block per sorted entry; only the first entry of a run works: its warps split the
+//      run's entries, lanes take columns (16-byte groups of them where aligned), and the
+//      warps' fp32 sums are added in a fixed order into dtable (accumulate_token_runs_kernel).
 // Each table row is then written by exactly one block, and the order of every sum is fixed.
-// Frequent tokens make long runs, but a run costs one coalesced row read per occurrence.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "bf16_group.cuh"
+#include "block_reduce.cuh"
 #include "embedding.cuh"
 
 namespace pope::kernels {
@@ -43,10 +43,25 @@ __global__ void iota_kernel(int* values, int count) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) values[i] = i;
 }
 
+// Warps of the block that sums one token's run: each takes every kRunWarps-th entry of the run.
+constexpr int kRunWarps = 8;
+// Entries a warp loads before adding them (their rows are independent loads in flight).
+constexpr int kRunUnroll = 4;
+
+// The block of sorted entry blockIdx.x; only the head of a run works. First the run's end, found
+// blockDim entries at a time (equal tokens are a prefix of each window, the entries being
+// sorted); then, for each pass of 32 column groups, warp w sums entries first + w, first + w + 8,
+// ... in order (kRunUnroll rows in flight), and warp 0 adds the 8 warp sums in warp order to
+// dtable. The order of every sum is fixed by the sorted entries alone, so the bits do not vary
+// between runs. Real text has runs of over a thousand entries (",", " the" in 32Ki tokens): one
+// thread walking them one dependent load after another took milliseconds per step.
 template <int kWidth>
-__global__ void accumulate_token_runs_kernel(float* dtable, const __nv_bfloat16* dout, const int* sorted_tokens,
-                                             const int* sorted_positions, int rows, int width, int vocab_rows,
-                                             DeviceErrorRecord* error) {
+__global__ void __launch_bounds__(kRunWarps * kWarpSize)
+    accumulate_token_runs_kernel(float* dtable, const __nv_bfloat16* dout, const int* sorted_tokens,
+                                 const int* sorted_positions, int rows, int width, int vocab_rows,
+                                 DeviceErrorRecord* error) {
+  // [warp][k][lane]: lanes of a warp write consecutive words.
+  __shared__ float warp_sums[kRunWarps * kWidth * kWarpSize];
   const int first = blockIdx.x;
   const int token = sorted_tokens[first];
   if (first > 0 && sorted_tokens[first - 1] == token) return;  // not the head of a run
@@ -55,15 +70,50 @@ __global__ void accumulate_token_runs_kernel(float* dtable, const __nv_bfloat16*
       report_device_error(error, kEmbeddingBackwardToken, sorted_positions[first], token, vocab_rows);
     return;
   }
-  const int groups = width / kWidth;
-  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-    float sum[kWidth] = {};
-    for (int entry = first; entry < rows && sorted_tokens[entry] == token; ++entry) {
-      const Bf16Group<kWidth> values = load_group<kWidth>(dout + std::size_t(sorted_positions[entry]) * width, g);
-      for (int k = 0; k < kWidth; ++k) sum[k] += values.get(k);
+  int end = rows;
+  for (int base = first + 1; base < rows; base += int(blockDim.x)) {
+    const int e = base + int(threadIdx.x);
+    const int equal = __syncthreads_count(e < rows && sorted_tokens[e] == token);
+    if (equal < int(blockDim.x)) {  // the same count in every thread: all leave together
+      end = min(rows, base + equal);
+      break;
     }
-    float* table_row = dtable + std::size_t(token) * width + g * kWidth;
-    for (int k = 0; k < kWidth; ++k) table_row[k] += sum[k];
+  }
+
+  const int warp = int(threadIdx.x) / kWarpSize, lane = int(threadIdx.x) % kWarpSize;
+  const int groups = width / kWidth;
+  auto row_group = [&](int entry, int g) {
+    return load_group<kWidth>(dout + std::size_t(sorted_positions[entry]) * width, g);
+  };
+  for (int g0 = 0; g0 < groups; g0 += kWarpSize) {
+    const int g = g0 + lane;
+    float sum[kWidth] = {};
+    if (g < groups) {
+      int entry = first + warp;
+      for (; entry + (kRunUnroll - 1) * kRunWarps < end; entry += kRunUnroll * kRunWarps) {
+        Bf16Group<kWidth> values[kRunUnroll];
+#pragma unroll
+        for (int u = 0; u < kRunUnroll; ++u) values[u] = row_group(entry + u * kRunWarps, g);
+#pragma unroll
+        for (int u = 0; u < kRunUnroll; ++u)
+          for (int k = 0; k < kWidth; ++k) sum[k] += values[u].get(k);
+      }
+      for (; entry < end; entry += kRunWarps) {
+        const Bf16Group<kWidth> values = row_group(entry, g);
+        for (int k = 0; k < kWidth; ++k) sum[k] += values.get(k);
+      }
+    }
+    for (int k = 0; k < kWidth; ++k) warp_sums[(warp * kWidth + k) * kWarpSize + lane] = sum[k];
+    __syncthreads();
+    if (warp == 0 && g < groups) {
+      float* table_row = dtable + std::size_t(token) * width + g * kWidth;
+      for (int k = 0; k < kWidth; ++k) {
+        float total = warp_sums[k * kWarpSize + lane];
+        for (int w = 1; w < kRunWarps; ++w) total += warp_sums[(w * kWidth + k) * kWarpSize + lane];
+        table_row[k] += total;
+      }
+    }
+    __syncthreads();  // warp_sums is rewritten by the next pass
   }
 }
 
@@ -137,8 +187,7 @@ cudaError_t embedding_backward(float* dtable, const __nv_bfloat16* dout, const i
       status != cudaSuccess)
     return status;
   return launch_with_group_width(width, {dout}, [&](auto group) {
-    constexpr int kColumnThreads = 128;
-    accumulate_token_runs_kernel<decltype(group)::value><<<rows, kColumnThreads, 0, stream>>>(
+    accumulate_token_runs_kernel<decltype(group)::value><<<rows, kRunWarps * kWarpSize, 0, stream>>>(
         dtable, dout, parts.sorted_tokens, parts.sorted_positions, rows, width, vocab_rows, error);
     return cudaGetLastError();
   });

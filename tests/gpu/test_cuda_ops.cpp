@@ -166,11 +166,13 @@ TEST_F(CudaOps, EmbeddingForwardGathersRowsExactly) {
 }
 
 TEST_F(CudaOps, EmbeddingBackwardAccumulatesLikeCpu) {
-  const int vocab = 61, rows = 700;
-  // Skewed ids: token 3 appears in a long run, the rest spread; token vocab-1 never appears.
+  const int vocab = 61, rows = 2000;
+  // Skewed ids: token 3 makes a long run (≥ 667 entries, longer than the kernel's 256-entry
+  // window for finding a run's end), the rest spread; token vocab-1 never appears.
   std::vector<std::int32_t> token_ids = random_ids(rows, vocab - 1, 3);
   for (int n = 0; n < rows; n += 3) token_ids[std::size_t(n)] = 3;
-  for (int width : {72, 37}) {  // 16-byte groups, and single elements
+  // 16-byte groups (264: 33 of them, more than one pass of 32 lanes), and single elements.
+  for (int width : {72, 264, 37}) {
     SCOPED_TRACE(width);
     Pair tokens = ids(token_ids);
     Pair dout = pair({rows, width}, DType::bf16, random_bf16_values(std::size_t(rows) * width, 4));
