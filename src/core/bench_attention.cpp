@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <random>
 #include <stdexcept>
 
@@ -83,41 +84,53 @@ void upload_random_bf16(const Tensor& t, float low, float high, std::mt19937& en
   POPE_CUDA_CHECK(cudaMemcpy(t.data, host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
 }
 
-// Event pairs around queued calls; medians in milliseconds once the stream has drained.
-class EventTimer {
+// Event pairs around queued calls of several phases, interleaved call by call (phase 0, 1, …,
+// then again), so that a drift of the GPU's clocks during a run (power capping, heat) falls on
+// every phase alike; measured one phase after another, whichever came last read up to 7% slower.
+// Medians in milliseconds once the stream has drained.
+class InterleavedTimer {
  public:
-  explicit EventTimer(int count) : starts_(count), stops_(count) {
-    for (int i = 0; i < count; ++i) {
+  InterleavedTimer(int repeats, int phases)
+      : repeats_(std::size_t(repeats)), starts_(repeats_ * phases), stops_(repeats_ * phases) {
+    for (std::size_t i = 0; i < starts_.size(); ++i) {
       POPE_CUDA_CHECK(cudaEventCreate(&starts_[i]));
       POPE_CUDA_CHECK(cudaEventCreate(&stops_[i]));
     }
   }
-  EventTimer(const EventTimer&) = delete;
-  EventTimer& operator=(const EventTimer&) = delete;
-  ~EventTimer() {
+  InterleavedTimer(const InterleavedTimer&) = delete;
+  InterleavedTimer& operator=(const InterleavedTimer&) = delete;
+  ~InterleavedTimer() {
     for (std::size_t i = 0; i < starts_.size(); ++i) {
       cudaEventDestroy(starts_[i]);
       cudaEventDestroy(stops_[i]);
     }
   }
-  template <class Call>
-  double median_ms(Call&& call) {
-    for (std::size_t i = 0; i < starts_.size(); ++i) {
-      POPE_CUDA_CHECK(cudaEventRecord(starts_[i], nullptr));
-      call();
-      POPE_CUDA_CHECK(cudaEventRecord(stops_[i], nullptr));
-    }
+  // One median per phase; `phases` has the size given to the constructor.
+  std::vector<double> medians_ms(const std::vector<std::function<void()>>& phases) {
+    const std::size_t count = phases.size();
+    if (count * repeats_ != starts_.size()) throw std::logic_error("InterleavedTimer: wrong number of phases");
+    for (std::size_t i = 0; i < repeats_; ++i)
+      for (std::size_t p = 0; p < count; ++p) {
+        POPE_CUDA_CHECK(cudaEventRecord(starts_[p * repeats_ + i], nullptr));
+        phases[p]();
+        POPE_CUDA_CHECK(cudaEventRecord(stops_[p * repeats_ + i], nullptr));
+      }
     POPE_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<double> ms(starts_.size());
-    for (std::size_t i = 0; i < starts_.size(); ++i) {
-      float elapsed = 0.0f;
-      POPE_CUDA_CHECK(cudaEventElapsedTime(&elapsed, starts_[i], stops_[i]));
-      ms[i] = elapsed;
+    std::vector<double> medians;
+    for (std::size_t p = 0; p < count; ++p) {
+      std::vector<double> ms(repeats_);
+      for (std::size_t i = 0; i < repeats_; ++i) {
+        float elapsed = 0.0f;
+        POPE_CUDA_CHECK(cudaEventElapsedTime(&elapsed, starts_[p * repeats_ + i], stops_[p * repeats_ + i]));
+        ms[i] = elapsed;
+      }
+      medians.push_back(median(ms));
     }
-    return median(ms);
+    return medians;
   }
 
  private:
+  std::size_t repeats_;
   std::vector<cudaEvent_t> starts_, stops_;
 };
 
@@ -196,13 +209,16 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
     runner.forward(forward, nullptr);
     runner.backward(backward, nullptr);
   }
-  EventTimer timer(options.repeats);
-  row.forward_ms = timer.median_ms([&] { runner.forward(forward, nullptr); });
-  row.backward_ms = timer.median_ms([&] { runner.backward(backward, nullptr); });
-  row.total_ms = timer.median_ms([&] {
-    runner.forward(forward, nullptr);
-    runner.backward(backward, nullptr);
-  });
+  InterleavedTimer timer(options.repeats, 3);
+  const std::vector<double> ms = timer.medians_ms({[&] { runner.forward(forward, nullptr); },
+                                                   [&] { runner.backward(backward, nullptr); },
+                                                   [&] {
+                                                     runner.forward(forward, nullptr);
+                                                     runner.backward(backward, nullptr);
+                                                   }});
+  row.forward_ms = ms[0];
+  row.backward_ms = ms[1];
+  row.total_ms = ms[2];
   return row;
 }
 

@@ -64,8 +64,8 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
   CLI::App* attention = app.add_subcommand(
       "attention",
       "Time the CUDA causal attention (q/k transform included) forward, backward and forward+backward per "
-      "encoding and sequence length T at batch B = ⌊--tokens / T⌋ (median over --repeats calls, CUDA events, after --warmup "
-      "calls) and print ms and TFLOP/s (causal FLOPs: forward 2·B·H·(T²/2)·(qk_width + head_dim), backward 2.5× "
+      "encoding and sequence length T at batch B = ⌊--tokens / T⌋ (median over --repeats calls per phase, the three phases' calls interleaved, CUDA events, "
+      "after --warmup calls) and print ms and TFLOP/s (causal FLOPs: forward 2·B·H·(T²/2)·(qk_width + head_dim), backward 2.5× "
       "forward). Needs a CUDA device.");
   attention->add_option("--encodings", cmd.options.encodings,
                         "encodings to time: any model.position.kind (nope, rope, pope, alibi, full, pj_rotary, "
