@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -92,6 +93,12 @@ class PositionEncoding {
   // (b) bias table b_h(Δ) for Δ = 0..T−1 of head `head` into table[T].
   virtual void score_bias(const PositionContext& ctx, int head, ParamValues<float> params, float* table) const;
   virtual void score_bias(const PositionContext& ctx, int head, ParamValues<double> params, double* table) const;
+  // The slope s_h when the bias table is exactly linear in the lag without parameters,
+  // b_h(Δ) = s_h · Δ for every Δ ≥ 0 (ALiBi: s_h = −m_h), else nothing. Backends may then compute
+  // the bias instead of reading the table.
+  virtual std::optional<double> linear_bias_slope(const PositionContext& /*ctx*/, int /*head*/) const {
+    return std::nullopt;
+  }
   // Given diag_grad[Δ] = Σ_batch Σ_{t−s=Δ} dL/dscore(t,s), ACCUMULATES this head's dparams.
   virtual void score_bias_backward(const PositionContext& ctx, int head, ParamValues<float> params,
                                    const float* diag_grad, ParamGrads<float> dparams) const;

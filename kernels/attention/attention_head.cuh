@@ -19,6 +19,7 @@ struct AttentionHead {
   std::int64_t row_stride;  // 3C
   std::int64_t channels;    // C
   const float* bias;        // b_h(Δ) [T], or null
+  bool linear_bias;         // b_h(Δ) = slope_h · Δ (ScoreParams::bias_slopes)
   float scale;              // softmax scale of the dot products
 
   __device__ AttentionHead(const AttentionDims& dims, const EncodedAttention& in, int batch_head) {
@@ -33,6 +34,7 @@ struct AttentionHead {
     row_stride = 3 * channels;
     v = in.qkv + std::int64_t(b) * dims.seq_len * row_stride + 2 * channels + std::int64_t(h) * dims.head_dim;
     bias = in.score.bias ? in.score.bias + std::int64_t(h) * dims.seq_len : nullptr;
+    linear_bias = bias != nullptr && in.score.bias_slopes != nullptr;
     scale = in.score.scale;
   }
   // Offset of row t of this head in a [B·T, C]-shaped activation (out, dout).

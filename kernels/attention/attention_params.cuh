@@ -45,6 +45,10 @@ struct QkTransformParams {
 struct ScoreParams {
   float scale = 1.0f;
   const float* bias = nullptr;  // [n_head, seq_len] table b_h(Δ), or null
+  // [n_head] or null: the table is linear, b_h(Δ) = bias_slopes[h] · Δ (ALiBi), and kernels that
+  // can compute it from the lag do so instead of reading the table (the fused W = 64 kernels);
+  // the table must be there too, for the others.
+  const float* bias_slopes = nullptr;
 };
 
 }  // namespace pope::kernels

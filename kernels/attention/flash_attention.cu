@@ -80,13 +80,22 @@ __device__ inline float exp2_flush(float x) {
   return y;
 }
 
-// Whether the call has a score bias, as body's argument `bias` (the body tests bias.value):
-// kCompileTime gives std::true_type / std::false_type, one branch per tile and straight-line
-// code per score in two copies; else a runtime flag. The W = 64 kernels take the first (their
-// backward measured 3-7% faster); at W = 128 its extra registers cost CTAs per SM and the flag
-// was 1% faster.
+// How the call's score bias enters the per-score code, as body's argument `bias`: bias.table
+// (add the staged slot of the bias table) and bias.linear (add slope · Δ computed from the lag:
+// ALiBi without a table, see ScoreParams::bias_slopes). kCompileTime makes both compile-time
+// constants, one branch per tile and a straight-line copy of the per-score loop for each of no
+// bias, table and (kLinear) linear; else bias.table is a runtime flag and there is no linear
+// copy. The W = 64 kernels take the first (their backward measured 3-7% faster); at W = 128 the
+// copies' extra registers cost CTAs per SM and the flag was 1% faster. Only the wgmma kernels
+// have the linear copy: in the mma.sync key kernel it more than doubled the spills (180 → 464
+// bytes), which no GPU here could measure the cost of.
+template <bool kTable, bool kLinear>
+struct CompileTimeBias {
+  static constexpr bool table = kTable, linear = kLinear;
+};
 struct RuntimeBias {
-  bool value;
+  bool table;
+  static constexpr bool linear = false;
 };
 // body(std::true_type{}) or body(std::false_type{}) as `flag` is set: one branch, and a
 // straight-line copy of body for each value (the body tests flag.value).
@@ -98,14 +107,52 @@ __device__ __forceinline__ void with_flag(bool flag, Body&& body) {
     body(std::false_type{});
 }
 
-template <bool kCompileTime, class Body>
-__device__ __forceinline__ void with_bias(bool has_bias, Body&& body) {
+template <bool kCompileTime, bool kLinear, class Body>
+__device__ __forceinline__ void with_bias(bool table, bool linear, Body&& body) {
   if constexpr (kCompileTime) {
-    with_flag(has_bias, body);
+    if constexpr (kLinear) {
+      if (linear) {
+        body(CompileTimeBias<false, true>{});
+        return;
+      }
+    }
+    if (table)
+      body(CompileTimeBias<true, false>{});
+    else
+      body(CompileTimeBias<false, false>{});
   } else {
-    body(RuntimeBias{has_bias});
+    body(RuntimeBias{table});
   }
 }
+
+// Which bias a kernel applies for `head`: a linear one computed in the kernels with its copy of
+// the per-score code (kLinear, see with_bias), else the table, if any.
+template <bool kLinear>
+struct HeadBias {
+  bool linear, table;
+  __device__ explicit HeadBias(const AttentionHead& head)
+      : linear(kLinear && head.linear_bias), table(head.bias != nullptr && !linear) {}
+};
+// Whether the kernels of q/k width kW have the linear copy.
+template <int kW, bool kWgmma>
+constexpr bool kLinearBiasCopy = kW == 64 && kWgmma;
+
+// A linear bias b(Δ) = slope · Δ of one tile, in the units the kernel adds it in (`unit`: 1/scale
+// or log2 e): add(x, k) adds it for the lag lag_base + k, k a compile-time offset within the
+// thread's fragments, with one exact integer FADD and one FFMA (no table read). Built inside the
+// linear copy of the per-score code only (the slope is read per tile there), so the other copies
+// keep no registers for it.
+struct LinearBias {
+  float unit_slope = 0.0f, lag_base = 0.0f;
+  template <class Bias>
+  __device__ LinearBias(Bias bias, const ScoreParams& score, int h, float unit, int lag_base_int) {
+    if (bias.linear) {
+      unit_slope = __ldg(score.bias_slopes + h) * unit;
+      lag_base = float(lag_base_int);
+    }
+  }
+  __device__ float add(float x, int k) const { return fmaf(unit_slope, lag_base + float(k), x); }
+};
 
 // Sums of the four lanes of a quad (the lanes that share fragment rows).
 __device__ inline float quad_sum(float x) {
@@ -247,14 +294,15 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   // Tile row of accumulator element e of fragment f, and column of element e of 8-column block nb.
   auto row_of = [&](int f, int e) { return warp_row0 + 16 * f + g + (e / 2) * 8; };
   auto column_of = [&](int nb, int e) { return nb * 8 + 2 * quad + (e & 1); };
-  const bool has_bias = head.bias != nullptr;
+  const HeadBias<kLinearBiasCopy<kW, kWgmma>> bias_of_head(head);
   const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
     load_operand_tile_async<kW, kWgmma>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_operand_tile_async<kDv, kWgmma>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
+    if (bias_of_head.table)
+      stage_bias_async<kForwardRows>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
 
@@ -309,7 +357,10 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     // Scores stay in units of 1/scale (s + b/scale, one FFMA with a bias) and the scale rides in
     // the exponential's FFMA below: maxima taken in these units are the right ones, the scale
     // being positive.
-    with_bias<kW == 64>(has_bias, [&](auto bias) {
+    with_bias<kW == 64, kLinearBiasCopy<kW, kWgmma>>(bias_of_head.table, bias_of_head.linear, [&](auto bias) {
+      // A linear bias: the lag of this thread's element (f, e) of block nb is
+      // lag_base + 16f + 8(e / 2) − 8nb − (e & 1), integers that fp32 holds exactly.
+      const LinearBias linear(bias, in.score, head.h, inverse_scale, i0 - j0 + warp_row0 + g - 2 * quad);
       with_flag(masked, [&](auto mask) {
 #pragma unroll
         for (int f = 0; f < kFragments; ++f)
@@ -319,7 +370,8 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
             for (int e = 0; e < 4; ++e) {
               const int row = row_of(f, e), col = column_of(nb, e);
               float x = s[f][nb][e];
-              if (bias.value) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+              if (bias.table) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+              if (bias.linear) x = linear.add(x, 16 * f + (e / 2) * 8 - nb * 8 - (e & 1));
               if (mask.value) x = col > i0 + row - j0 ? -INFINITY : x;
               s[f][nb][e] = x;
             }
@@ -382,7 +434,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
       const int j0 = kb * kTile;
       const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes + (kb == 0 ? 2 * (kW / 64) * kPanelBytes : 0) +
-                                  (has_bias ? tma::vector_box_bytes(Layout::lag_slots) : 0);
+                                  (bias_of_head.table ? tma::vector_box_bytes(Layout::lag_slots) : 0);
       tma::arrive_expecting(barrier, bytes);
       if (kb == 0)
         for (int half = 0; half < 2; ++half)
@@ -390,7 +442,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
       load_panels<kW>(k_tiles + stage * Layout::k, &maps.k, 0, j0, head.bh, barrier);
       load_panels<kDv>(v_tiles + stage * Layout::v, &maps.v, int(2 * head.channels) + head.h * dims.head_dim, j0,
                        head.b, barrier);
-      if (has_bias)
+      if (bias_of_head.table)
         load_bias_slots<kForwardRows>(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
     };
     tma::for_each_loaded(0, key_blocks, issue, body);
@@ -501,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   const int j0 = key_block * kTile;
   const int query_blocks = (T + kTile - 1) / kTile;
   const Lane lane;
-  const bool has_bias = head.bias != nullptr;
+  const HeadBias<kLinearBiasCopy<kW, kWgmma>> bias_of_head(head);
   const bool sums_lags = grads.bias_grad != nullptr;
   const float scale_log2 = in.score.scale * kLog2e;
   const bf16* dout = grads.dout + head.activation_offset(0, d);
@@ -514,7 +566,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     load_operand_tile_async<kDv, kWgmma>(dout_tiles + stage * Layout::dout, dout, head.channels, i0, kTile, T);
     stage_rows_async(lse_slots + stage * Layout::row_stage, lse, i0, T);
     stage_rows_async(row_dot_slots + stage * Layout::row_stage, row_dot, i0, T);
-    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
+    if (bias_of_head.table) stage_bias_async<kTile>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
 
@@ -563,7 +615,9 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     // (a copy of the loop per case).
     const bool diagonal = qb == key_block;
     const int query_end = T - i0;
-    with_bias<kW == 64>(has_bias, [&](auto bias) {
+    with_bias<kW == 64, kLinearBiasCopy<kW, kWgmma>>(bias_of_head.table, bias_of_head.linear, [&](auto bias) {
+      // A linear bias: the lag of element e of block nb is lag_base + 8nb + (e & 1) − 8(e / 2).
+      const LinearBias linear(bias, in.score, head.h, kLog2e, i0 - j0 + 2 * lane.q - lane.warp * 16 - lane.g);
       with_flag(diagonal || query_end < kTile, [&](auto mask) {
 #pragma unroll
         for (int nb = 0; nb < kScoreBlocks; ++nb)
@@ -573,7 +627,8 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
             // Here the scale stays a multiply: folding it into the exponential's FFMA as in the
             // other kernels needs lse·log2 e per query in registers (ptxas then spilled 64 bytes).
             float x = p[nb][e] * scale_log2;
-            if (bias.value) x = fmaf(slots[query - key + kTile - 1], kLog2e, x);
+            if (bias.table) x = fmaf(slots[query - key + kTile - 1], kLog2e, x);
+            if (bias.linear) x = linear.add(x, nb * 8 + (e & 1) - (e / 2) * 8);
             const float prob = exp2_flush(fmaf(lse_tile[query], -kLog2e, x));
             const int first_query = diagonal ? key : 0;
             p[nb][e] = !mask.value || (query >= first_query && query < query_end) ? prob : 0.0f;
@@ -715,7 +770,8 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
       const int i0 = qb * kTile;
       const bool first = qb == key_block;
       const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (first ? 2 : 1) +
-                                  2 * tma::vector_box_bytes(kTile) + (has_bias ? tma::vector_box_bytes(kLagSlots) : 0);
+                                  2 * tma::vector_box_bytes(kTile) +
+                                  (bias_of_head.table ? tma::vector_box_bytes(kLagSlots) : 0);
       tma::arrive_expecting(barrier, bytes);
       if (first) {
         load_panels<kW>(k_tile, &maps.k, 0, j0, head.bh, barrier);
@@ -727,7 +783,8 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
       const int row0 = int(head.statistic_index(i0));
       tma::load_vector(lse_slots + stage * Layout::row_stage, &maps.lse, row0 + maps.lse_shift, barrier);
       tma::load_vector(row_dot_slots + stage * Layout::row_stage, &maps.row_dot, row0 + maps.row_dot_shift, barrier);
-      if (has_bias) load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
+      if (bias_of_head.table)
+        load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
     };
     tma::for_each_loaded(key_block, query_blocks, issue, body);
     if (kAtomicDq && threadIdx.x == 0) tma::wait_bulk_writes();  // dq̃'s last chunk read and added
@@ -810,14 +867,14 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);
   const int i0 = q_block * kTile;
   const Lane lane;
-  const bool has_bias = head.bias != nullptr;
+  const HeadBias<kLinearBiasCopy<kW, kWgmma>> bias_of_head(head);
   const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
     const int j0 = kb * kTile;
     load_operand_tile_async<kW, kWgmma>(k_tiles + stage * Layout::k, head.k, kW, j0, kTile, T);
     load_operand_tile_async<kDv, kWgmma>(v_tiles + stage * Layout::v, head.v, head.row_stride, j0, kTile, T);
-    if (has_bias) stage_bias_async<kTile>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
+    if (bias_of_head.table) stage_bias_async<kTile>(bias_slots + stage * Layout::lag_stage, head.bias, i0 - j0, T);
     copy_async_commit();
   };
 
@@ -855,7 +912,9 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     }
     // Only the diagonal tile hides keys (columns past the row); a copy of the loop per case.
     const bool diagonal = kb == q_block;
-    with_bias<kW == 64>(has_bias, [&](auto bias) {
+    with_bias<kW == 64, kLinearBiasCopy<kW, kWgmma>>(bias_of_head.table, bias_of_head.linear, [&](auto bias) {
+      // A linear bias: the lag of element e of block nb is lag_base + 8(e / 2) − 8nb − (e & 1).
+      const LinearBias linear(bias, in.score, head.h, inverse_scale, i0 - kb * kTile + lane.warp * 16 + lane.g - 2 * lane.q);
       with_flag(diagonal, [&](auto mask) {
 #pragma unroll
         for (int nb = 0; nb < kScoreBlocks; ++nb)
@@ -864,7 +923,8 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
             const int row = lane.row(e), col = lane.column(nb, e);
             // log2 P = scale·(s + b/scale)·log2 e − lse·log2 e
             float x = p[nb][e];
-            if (bias.value) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+            if (bias.table) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+            if (bias.linear) x = linear.add(x, (e / 2) * 8 - nb * 8 - (e & 1));
             const float prob = mask.value && col > row ? 0.0f : exp2_flush(fmaf(x, scale_log2, minus_lse2[e / 2]));
             ds[nb][e] = prob * (ds[nb][e] - row_dot[e / 2]);
           }
@@ -892,7 +952,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
       const int j0 = kb * kTile;
       const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes * (kb == 0 ? 2 : 1) +
-                                  (has_bias ? tma::vector_box_bytes(kLagSlots) : 0);
+                                  (bias_of_head.table ? tma::vector_box_bytes(kLagSlots) : 0);
       tma::arrive_expecting(barrier, bytes);
       if (kb == 0) {
         load_panels<kW>(q_tile, &maps.q, 0, i0, head.bh, barrier);
@@ -900,7 +960,8 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
       }
       load_panels<kW>(k_tiles + stage * Layout::k, &maps.k, 0, j0, head.bh, barrier);
       load_panels<kDv>(v_tiles + stage * Layout::v, &maps.v, int(2 * head.channels) + head.h * d, j0, head.b, barrier);
-      if (has_bias) load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
+      if (bias_of_head.table)
+        load_bias_slots(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
     };
     tma::for_each_loaded(0, key_blocks, issue, body);
 #endif

@@ -48,6 +48,13 @@ std::vector<double> AlibiEncoding::head_slopes(int n_head) const {
   return slopes;
 }
 
+std::optional<double> AlibiEncoding::linear_bias_slope(const PositionContext& ctx, int head) const {
+  const std::string where = "alibi linear bias slope";
+  check_context(where, ctx);
+  check_head(where, ctx, head);
+  return -head_slopes(ctx.n_head)[static_cast<std::size_t>(head)];
+}
+
 template <class Real>
 void AlibiEncoding::bias(const PositionContext& ctx, int head, ParamValues<Real> params, Real* table) const {
   const std::string where = "alibi score bias";

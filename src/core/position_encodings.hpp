@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -99,6 +100,7 @@ class AlibiEncoding final : public PositionEncodingImpl<AlibiEncoding> {
 
   // m_h for h = 0..n_head−1, head_fraction applied.
   std::vector<double> head_slopes(int n_head) const;
+  std::optional<double> linear_bias_slope(const PositionContext& ctx, int head) const override;
 
   template <class Real>
   void bias(const PositionContext& ctx, int head, ParamValues<Real> params, Real* table) const;

@@ -184,7 +184,7 @@ void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDi
 struct AttentionRunner::Scratch {
   DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, phases;
   DeviceTable<double> frequencies;
-  DeviceTable<float> bias;
+  DeviceTable<float> bias, bias_slopes;
 #ifdef POPE_HAVE_CUDNN
   std::unique_ptr<CudnnAttention> cudnn;  // created on the first cudnn call (cudnnCreate is not free)
 #endif
@@ -296,6 +296,14 @@ struct AttentionRunner::Scratch {
     std::vector<float> table(static_cast<std::size_t>(ctx.n_head) * T);
     for (int h = 0; h < ctx.n_head; ++h) encoding.score_bias(ctx, h, ParamValues<float>{}, table.data() + h * T);
     params.bias = bias.upload(table, stream);
+    // A linear table (ALiBi) also goes as slopes, which the fused kernels use instead.
+    std::vector<float> slopes;
+    for (int h = 0; h < ctx.n_head; ++h) {
+      const std::optional<double> slope = encoding.linear_bias_slope(ctx, h);
+      if (!slope) return params;
+      slopes.push_back(static_cast<float>(*slope));
+    }
+    params.bias_slopes = bias_slopes.upload(slopes, stream);
     return params;
   }
 
@@ -339,7 +347,7 @@ AttentionRunner::~AttentionRunner() = default;
 
 std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
-  std::size_t total = s.frequencies.bytes() + s.bias.bytes() + s.cudnn_bytes();
+  std::size_t total = s.frequencies.bytes() + s.bias.bytes() + s.bias_slopes.bytes() + s.cudnn_bytes();
   for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
                                      &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.phases})
     total += block->bytes();

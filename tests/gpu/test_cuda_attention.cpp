@@ -330,6 +330,7 @@ struct KernelProblem {
   kernels::AttentionDims dims;
   float scale = 0.0f;
   std::vector<float> q, k, qkv, dout, bias, bias_grad_initial;
+  std::vector<float> bias_slopes;  // [n_head] when `bias` is linear and handed over as slopes too
 
   std::size_t channels() const { return std::size_t(dims.n_head) * dims.head_dim; }
   std::size_t rows() const { return std::size_t(dims.batch) * dims.seq_len; }
@@ -431,6 +432,8 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
   DeviceBuffer bias(p.bias.size() * 4), bias_grad(p.bias.size() * 4), out(p.dout.size() * 2), dqkv(p.qkv.size() * 2);
   DeviceBuffer lse(p.statistics() * 4), row_dot(p.statistics() * 4), dq(p.encoded() * 4), dk(p.encoded() * 4);
   DeviceBuffer partials(kernels::flash_bias_grad_partial_floats(p.dims) * 4);
+  DeviceBuffer slopes(std::max<std::size_t>(1, p.bias_slopes.size()) * 4);
+  if (!p.bias_slopes.empty()) slopes.upload(p.bias_slopes.data());
   q.upload(to_bf16(p.q).data());
   k.upload(to_bf16(p.k).data());
   qkv.upload(to_bf16(p.qkv).data());
@@ -445,6 +448,7 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
   in.qkv = static_cast<const __nv_bfloat16*>(qkv.tensor(DType::bf16, {}).data);
   in.score.scale = p.scale;
   in.score.bias = static_cast<const float*>(bias.tensor(DType::f32, {}).data);
+  if (!p.bias_slopes.empty()) in.score.bias_slopes = static_cast<const float*>(slopes.tensor(DType::f32, {}).data);
   EXPECT_TRUE(kernels::flash_attention_supports(p.dims, in));
   auto* out_data = static_cast<__nv_bfloat16*>(out.tensor(DType::bf16, {}).data);
   auto* lse_data = static_cast<float*>(lse.tensor(DType::f32, {}).data);
@@ -491,13 +495,10 @@ class FlashKernels : public ::testing::TestWithParam<std::tuple<std::pair<int, i
   }
 };
 
-// Every (W, d) instantiation, T around the 64-row tiles, random bias table, both backward modes:
-// all outputs and Ĝ against the dense double reference; Ĝ accumulates onto its initial values
-// (the unwritten-element check also catches dq̃ rows the atomic mode would miss: the buffer is
-// poisoned, and that mode zeroes it first).
-TEST_P(FlashKernels, MatchDenseReferenceWithBiasTable) {
-  const auto& [widths, seq_len, deterministic] = GetParam();
-  const KernelProblem p = make_kernel_problem(2, seq_len, 3, widths.first, widths.second, 77u + seq_len);
+// All outputs and Ĝ of the fused kernels against the dense double reference; Ĝ accumulates onto
+// its initial values (the unwritten-element check also catches dq̃ rows the atomic mode would
+// miss: the buffer is poisoned, and that mode zeroes it first).
+void expect_flash_matches_reference(const KernelProblem& p, bool deterministic) {
   const KernelResult gpu = run_flash_kernels(p, deterministic);
   const KernelResult ref = dense_reference(p);
   for (const auto& [name, values] : std::vector<std::pair<std::string, const std::vector<float>*>>{
@@ -515,6 +516,26 @@ TEST_P(FlashKernels, MatchDenseReferenceWithBiasTable) {
     ref_sums[i] = ref.bias_grad[i] - p.bias_grad_initial[i];
   }
   EXPECT_LT(relative_error(gpu_sums, ref_sums), kBf16Tolerance) << "bias gradient (diagonal sums of dS)";
+}
+
+// Every (W, d) instantiation, T around the 64-row tiles, random bias table, both backward modes.
+TEST_P(FlashKernels, MatchDenseReferenceWithBiasTable) {
+  const auto& [widths, seq_len, deterministic] = GetParam();
+  expect_flash_matches_reference(make_kernel_problem(2, seq_len, 3, widths.first, widths.second, 77u + seq_len),
+                                 deterministic);
+}
+
+// A linear bias handed over as slopes as well (ALiBi's path: the W = 64 kernels compute slope · Δ
+// from the lag instead of reading the table, the others keep reading it): a steep slope, one
+// that is not a power of two, and zero (ALiBi's unbiased heads).
+TEST_P(FlashKernels, MatchDenseReferenceWithLinearBiasSlopes) {
+  const auto& [widths, seq_len, deterministic] = GetParam();
+  KernelProblem p = make_kernel_problem(2, seq_len, 3, widths.first, widths.second, 91u + seq_len);
+  p.bias_slopes = {-0.5f, -0.70710678f / 64.0f, 0.0f};
+  for (int h = 0; h < 3; ++h)
+    for (int lag = 0; lag < seq_len; ++lag)
+      p.bias[std::size_t(h) * seq_len + lag] = static_cast<float>(double(p.bias_slopes[h]) * lag);
+  expect_flash_matches_reference(p, deterministic);
 }
 
 // (qk_width, head_dim) pairs the fused kernels are instantiated for.
