@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "grid.cuh"
+
 namespace pope::kernels {
 
 namespace {
@@ -111,12 +113,10 @@ __global__ void adamw_guarded_kernel(float* params, const float* grads, float* m
   update_chunk<kVectors>(params, grads, m, v, compute_copy, chunks[blockIdx.x], s);
 }
 
-bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
-
 // Whether every array the update touches allows the 16-byte path.
 bool vectors_allowed(const float* params, const float* grads, const float* m, const float* v,
                      const __nv_bfloat16* compute_copy) {
-  return aligned_16(params) && aligned_16(grads) && aligned_16(m) && aligned_16(v) &&
+  return aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v) &&
          (compute_copy == nullptr || reinterpret_cast<std::uintptr_t>(compute_copy) % 8 == 0);
 }
 

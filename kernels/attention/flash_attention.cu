@@ -27,6 +27,7 @@
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 #include "block_reduce.cuh"
+#include "grid.cuh"
 #include "log2_units.cuh"
 
 namespace pope::kernels {
@@ -1017,8 +1018,6 @@ constexpr bool use_wgmma(int qk_width, int head_dim) {
 #endif
 }
 
-bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
-
 // The tensor maps of one call (AttentionMaps), lse, D and dq̃ only with `grads`;
 // cudaErrorInvalidValue where a tensor does not meet TMA's alignment (flash_attention_supports
 // checks the bf16 bases, the atomic-dq mode needs a 16-byte aligned dq̃).
@@ -1056,8 +1055,8 @@ bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention&
   // blocks, and the heads in the reduction of Ĝ's partial rows.
   return widths && in.score.scale > 0.0f && dims.batch > 0 && dims.n_head > 0 && dims.seq_len > 0 &&
          blocks_of(dims.seq_len) <= 65535 && dims.n_head <= 65535 &&
-         std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && aligned_16(in.q) && aligned_16(in.k) &&
-         aligned_16(in.qkv);
+         std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && aligned16(in.q) && aligned16(in.k) &&
+         aligned16(in.qkv);
 }
 
 std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims) {
@@ -1083,7 +1082,7 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
 
 cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAttention& in,
                                      const AttentionGradients& grads, cudaStream_t stream) {
-  if (!flash_attention_supports(dims, in) || !aligned_16(grads.dout)) return cudaErrorInvalidValue;
+  if (!flash_attention_supports(dims, in) || !aligned16(grads.dout)) return cudaErrorInvalidValue;
   const bool bias_grad = grads.bias_grad != nullptr;
   if (bias_grad && (in.score.bias == nullptr || grads.bias_grad_partials == nullptr)) return cudaErrorInvalidValue;
   cudaError_t status = attention_row_dot(dims, grads, stream);

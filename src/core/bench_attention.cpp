@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
 
@@ -86,7 +86,7 @@ void upload_random_bf16(const Tensor& t, float low, float high, std::mt19937& en
 
 // Event pairs around queued calls of several phases, interleaved call by call (phase 0, 1, …,
 // then again), so that a drift of the GPU's clocks during a run (power capping, heat) falls on
-// every phase alike; measured one phase after another, whichever came last read up to 7% slower.
+// every phase alike; measured one phase after another, whichever came last read up to 10% slower.
 // Medians in milliseconds once the stream has drained.
 class InterleavedTimer {
  public:
