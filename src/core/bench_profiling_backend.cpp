@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <type_traits>
 
 namespace pope {
@@ -41,19 +40,13 @@ const char* epilogue_name(Backend::MatmulEpilogue epilogue) {
 template <class Call>
 auto ProfilingBackend::timed(const char* op, const std::function<std::string()>& detail, double flops, Call&& call) {
   if (!enabled_) return call();
-  inner_.synchronize();
-  const auto start = std::chrono::steady_clock::now();
-  // Sums this call into its entry once the call and the synchronize after it are done.
+  PendingOp pending{op, detail ? detail() : std::string(), flops, inner_.make_timed_fence(), nullptr};
+  pending.start->record();
+  // Keeps this call's fence pair once the call is queued.
   auto record = [&] {
-    inner_.synchronize();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::string key_detail = detail ? detail() : std::string();
-    OpTime& entry = times_[{op, key_detail}];
-    entry.op = op;
-    entry.detail = std::move(key_detail);
-    entry.calls += 1;
-    entry.seconds += seconds;
-    entry.flops += flops;
+    pending.end = inner_.make_timed_fence();
+    pending.end->record();
+    pending_.push_back(std::move(pending));
   };
   if constexpr (std::is_void_v<decltype(call())>) {
     call();
@@ -65,7 +58,17 @@ auto ProfilingBackend::timed(const char* op, const std::function<std::string()>&
   }
 }
 
-std::vector<OpTime> ProfilingBackend::times() const {
+std::vector<OpTime> ProfilingBackend::times() {
+  for (PendingOp& pending : pending_) {
+    pending.end->wait();
+    OpTime& entry = times_[{pending.op, pending.detail}];
+    entry.op = pending.op;
+    entry.detail = pending.detail;
+    entry.calls += 1;
+    entry.seconds += pending.end->seconds_since(*pending.start);
+    entry.flops += pending.flops;
+  }
+  pending_.clear();
   std::vector<OpTime> out;
   for (const auto& [key, entry] : times_) out.push_back(entry);
   std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });

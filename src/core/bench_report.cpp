@@ -39,9 +39,9 @@ std::string format_profile(const TrainBenchResult& r) {
   double op_sum = 0.0;
   for (const OpTime& t : r.profile) op_sum += t.seconds;
   std::string out = fmt::format(
-      "\nProfile of one step: the backend synchronised before and after every op, so each op's time is exact but\n"
-      "the step is slower than a real one ({:.1f} ms wall; the ops sum to {:.1f} ms, the rest is host time "
-      "between ops).\n\n| op | calls | ms | % of ops |\n|---|---:|---:|---:|\n",
+      "\nProfile of one eager step: device time of each op between timed fences (CUDA events), nothing\n"
+      "synchronised in between ({:.1f} ms wall; the ops sum to {:.1f} ms, the rest is the device idle between\n"
+      "ops, waiting for the host).\n\n| op | calls | ms | % of ops |\n|---|---:|---:|---:|\n",
       r.profiled_step_seconds * 1e3, op_sum * 1e3);
   for (const OpTime& t : totals_per_op(r.profile))
     out += fmt::format("| {} | {} | {:.2f} | {:.1f} |\n", t.op, t.calls, t.seconds * 1e3,

@@ -46,8 +46,8 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
       ->default_val(1337);
   train->add_flag("--data", cmd.options.use_data, "random windows of data.train instead of random tokens");
   train->add_flag("--profile", cmd.options.profile,
-                  "then one more step with the time of every backend op (synchronised around each op: exact per "
-                  "op, slower overall)");
+                  "then one more step with the device time of every backend op (between timed fences: CUDA events "
+                  "on the GPU, nothing synchronised in between)");
   train->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file");
   train->add_option("--dump-step", cmd.dump_path,
                     "instead of timing: one forward/backward of a micro-batch, written as safetensors (weights, "

@@ -65,7 +65,7 @@ PY
 # The profile lists the op families and the matmul shapes (the last: the tied classifier, 64 rows × padded
 # vocabulary 64; brackets escaped for grep).
 expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --profile
-for what in "Profile of one step" "| matmul |" "| attention_backward |" "| adamw |" "| cross_entropy |" \
+for what in "Profile of one eager step" "| matmul |" "| attention_backward |" "| adamw |" "| cross_entropy |" \
   "out \\[64, 64\\] = a \\[64, 32\\] · bᵀ \\[64, 32\\]"; do
   expect_output "$what"
 done
