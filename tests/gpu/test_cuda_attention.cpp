@@ -574,6 +574,43 @@ TEST_F(CudaAttention, FlashBackwardIsBitwiseDeterministic) {
   EXPECT_TRUE(bitwise_equal(first.bias_grad, second.bias_grad));
 }
 
+// D = rowsum(dout ∘ out) for every row of [B, H, T]: the same fmaf chain over channels in
+// order as the host's, bit for bit, with 16-byte groups (d = 64), with single values (d = 12)
+// and with 16-byte-wide rows starting off a 16-byte boundary (one bf16 in: single values too).
+TEST_F(CudaAttention, RowDotIsTheChannelOrderedChainBitwise) {
+  for (const auto& [head_dim, lead] : {std::pair{64, 0}, std::pair{12, 0}, std::pair{64, 1}}) {
+    SCOPED_TRACE(fmt::format("head_dim {} lead {}", head_dim, lead));
+    const int B = 2, T = 37, H = 3;
+    const kernels::AttentionDims dims{B, T, H, head_dim, head_dim};
+    const std::size_t values = std::size_t(B) * T * H * head_dim, rows = std::size_t(B) * H * T;
+    std::mt19937 engine(7u + unsigned(head_dim));
+    std::vector<float> out = random_bf16_values(values + lead, -1.5f, 1.5f, engine);
+    std::vector<float> dout = random_bf16_values(values + lead, -1.0f, 1.0f, engine);
+    DeviceBuffer out_d(out.size() * 2), dout_d(dout.size() * 2), row_dot(rows * 4);
+    out_d.upload(to_bf16(out).data());
+    dout_d.upload(to_bf16(dout).data());
+    row_dot.poison();
+    kernels::AttentionGradients grads;
+    grads.out = static_cast<const __nv_bfloat16*>(out_d.tensor(DType::bf16, {}).data) + lead;
+    grads.dout = static_cast<const __nv_bfloat16*>(dout_d.tensor(DType::bf16, {}).data) + lead;
+    grads.row_dot = static_cast<float*>(row_dot.tensor(DType::f32, {}).data);
+    POPE_CUDA_CHECK(kernels::attention_row_dot(dims, grads, nullptr));
+    std::vector<float> got(rows);
+    row_dot.download(got.data());
+
+    std::vector<float> expected(rows);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) {
+          const std::size_t first = std::size_t(lead) + ((std::size_t(b) * T + t) * H + h) * head_dim;
+          float sum = 0.0f;
+          for (int c = 0; c < head_dim; ++c) sum = std::fmaf(dout[first + c], out[first + c], sum);
+          expected[(std::size_t(b) * H + h) * T + t] = sum;
+        }
+    EXPECT_TRUE(bitwise_equal(got, expected));
+  }
+}
+
 // T = 16384 (B = 1, H = 2, d = 64): the fused forward against the simple f32 kernels on the
 // same encoded rows and bias table.
 TEST_F(CudaAttention, FlashForwardAtLongContextMatchesSimpleKernels) {
