@@ -39,6 +39,9 @@ struct QkTransformParams {
   // rope, pope (phases without δ): (cos, sin) of p_t · frequency_m for the call's rows t,
   // [seq_len][rotary_pairs or head_dim] (fill_phase_table), or null: computed per element.
   const float2* phases = nullptr;
+  // pope keys with δ: (cos, sin) of p_t · ω_c + δ_hc, [n_head][seq_len][head_dim]
+  // (fill_key_phase_table), or null: computed per element.
+  const float2* key_phases = nullptr;
 };
 
 // a_ts = <q̃_t, k̃_s> · scale + bias[h·T + (t − s)] for s ≤ t.

@@ -79,9 +79,20 @@ __device__ PhaseRotation tabulated_phase(const QkTransformParams& transform, int
   return PhaseRotation{entry.x, entry.y};
 }
 
-__device__ PhaseRotation pope_phase_of(const QkTransformParams& transform, const GroupSite& site, bool is_key, int d,
-                                       int c) {
-  if (!delta_applies(transform, is_key) && transform.phases != nullptr) return tabulated_phase(transform, site.t, d, c);
+// Entry (h, t, c) of the call's key phase table.
+__device__ PhaseRotation tabulated_key_phase(const QkTransformParams& transform, int h, int T, int t, int d, int c) {
+  const float2 entry = transform.key_phases[(std::int64_t(h) * T + t) * d + c];
+  return PhaseRotation{entry.x, entry.y};
+}
+
+__device__ PhaseRotation pope_phase_of(const QkTransformParams& transform, const GroupSite& site, bool is_key,
+                                       const AttentionDims& dims, int c) {
+  const int d = dims.head_dim;
+  if (delta_applies(transform, is_key)) {
+    if (transform.key_phases != nullptr) return tabulated_key_phase(transform, site.h, dims.seq_len, site.t, d, c);
+  } else if (transform.phases != nullptr) {
+    return tabulated_phase(transform, site.t, d, c);
+  }
   return pope_phase(site.position, transform.frequencies[c], delta_applies(transform, is_key),
                     delta_of(transform, is_key, site.h, d, c));
 }
@@ -110,6 +121,20 @@ __global__ void phase_table_kernel(int seq_len, int width, int position_offset, 
        i += std::int64_t(gridDim.x) * blockDim.x) {
     const int t = int(i / width), m = int(i % width);
     const PhaseRotation r = rotation_by((double(position_offset) + double(t)) * frequencies[m]);
+    table[i] = make_float2(r.cos, r.sin);
+  }
+}
+
+// Entry (h, t, c) = pope_phase(p_t, ω_c, δ_hc): bitwise what the encode kernels and the δ
+// gradient compute per key element, p_t formed as GroupSite::position is.
+__global__ void key_phase_table_kernel(int n_head, int seq_len, int head_dim, QkTransformParams transform,
+                                       float2* table) {
+  const std::int64_t total = std::int64_t(n_head) * seq_len * head_dim;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % head_dim), t = int(i / head_dim % seq_len), h = int(i / head_dim / seq_len);
+    const PhaseRotation r = pope_phase(double(transform.position_offset) + double(t), transform.frequencies[c], true,
+                                       transform.delta[std::int64_t(h) * head_dim + c]);
     table[i] = make_float2(r.cos, r.sin);
   }
 }
@@ -245,7 +270,7 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
         Bf16Group<kGroup> real, imaginary;
 #pragma unroll
         for (int k = 0; k < kGroup; ++k) {
-          const PhaseRotation r = pope_phase_of(transform, site, is_key, d, c0 + k);
+          const PhaseRotation r = pope_phase_of(transform, site, is_key, dims, c0 + k);
           const float mu = pope_magnitude(transform.magnitude, in.get(k));
           real.set(k, mu * r.cos);
           imaginary.set(k, mu * r.sin);
@@ -306,7 +331,7 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
         const F32Group<kGroup> real = load_f32<kGroup>(dy + c0), imaginary = load_f32<kGroup>(dy + d + c0);
 #pragma unroll
         for (int k = 0; k < kGroup; ++k) {
-          const PhaseRotation r = pope_phase_of(transform, site, is_key, d, c0 + k);
+          const PhaseRotation r = pope_phase_of(transform, site, is_key, dims, c0 + k);
           const float dmu = pope_magnitude_grad(real.element[k], imaginary.element[k], r);
           out.set(k, dmu * pope_magnitude_derivative(transform.magnitude, in.get(k)));
         }
@@ -350,7 +375,9 @@ __global__ void __launch_bounds__(kDeltaChannels* kDeltaWarps)
       const float x = __bfloat162float(qkv[n * 3 * channels + channels + std::int64_t(h) * d + c]);
       const float* dy = dk_encoded + ((b * H + h) * T + t) * dims.qk_width;
       const PhaseRotation r =
-          pope_phase(double(transform.position_offset) + double(t), transform.frequencies[c], true, delta);
+          transform.key_phases != nullptr
+              ? tabulated_key_phase(transform, h, T, t, d, c)
+              : pope_phase(double(transform.position_offset) + double(t), transform.frequencies[c], true, delta);
       sum += pope_phase_grad(pope_magnitude(transform.magnitude, x), dy[c], dy[d + c], r);
     }
   }
@@ -480,6 +507,21 @@ cudaError_t fill_phase_table(const QkTransformParams& transform, int seq_len, in
   if (table == nullptr || transform.frequencies == nullptr) return cudaErrorInvalidValue;
   phase_table_kernel<<<grid_for(std::int64_t(seq_len) * width), kThreads, 0, stream>>>(
       seq_len, width, transform.position_offset, transform.frequencies, table);
+  return cudaGetLastError();
+}
+
+std::size_t key_phase_table_entries(const QkTransformParams& transform, int n_head, int seq_len, int head_dim) {
+  if (transform.kind != QkTransformKind::pope || transform.delta == nullptr) return 0;
+  return std::size_t(n_head) * std::size_t(seq_len) * std::size_t(head_dim);
+}
+
+cudaError_t fill_key_phase_table(const QkTransformParams& transform, int n_head, int seq_len, int head_dim,
+                                 float2* table, cudaStream_t stream) {
+  const std::size_t entries = key_phase_table_entries(transform, n_head, seq_len, head_dim);
+  if (entries == 0) return cudaSuccess;
+  if (table == nullptr || transform.frequencies == nullptr) return cudaErrorInvalidValue;
+  key_phase_table_kernel<<<grid_for(std::int64_t(entries)), kThreads, 0, stream>>>(n_head, seq_len, head_dim,
+                                                                                  transform, table);
   return cudaGetLastError();
 }
 

@@ -36,6 +36,16 @@ std::size_t phase_table_entries(const QkTransformParams& transform, int seq_len,
 cudaError_t fill_phase_table(const QkTransformParams& transform, int seq_len, int head_dim, float2* table,
                              cudaStream_t stream);
 
+// Entries of a call's key phase table (QkTransformParams::key_phases): n_head × seq_len ×
+// head_dim for PoPE with δ, 0 otherwise.
+std::size_t key_phase_table_entries(const QkTransformParams& transform, int n_head, int seq_len, int head_dim);
+// Fills `table` (key_phase_table_entries of them) with the (cos, sin) of p_t · ω_c + δ_hc,
+// bitwise as encode_qk, encode_qk_backward and pope_delta_gradient compute them per key
+// element: with transform.key_phases set to it they evaluate H·T·d angles instead of B times
+// as many (worth a table of B·H·T·d·8 bytes / B only when B > 1).
+cudaError_t fill_key_phase_table(const QkTransformParams& transform, int n_head, int seq_len, int head_dim,
+                                 float2* table, cudaStream_t stream);
+
 // f32 scratch pope_delta_gradient needs: one partial sum per (chunk of 256 rows b·T + t, head, channel).
 std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims);
 

@@ -1,9 +1,9 @@
-// The q/k transform's phase table (kernels::fill_phase_table, read through
-// QkTransformParams::phases) against the per-element angles it replaces: RoPE with every
-// channel and with half of them rotating, PoPE with δ on the keys and without δ, at position
-// offsets 0 and 9,000, T not a tile multiple. q̃, k̃ and the backward's dq, dk must be the same
-// numbers (the table holds exactly what the kernels computed per element). Reports SKIPPED
-// without a GPU.
+// The q/k transform's phase tables (kernels::fill_phase_table and fill_key_phase_table, read
+// through QkTransformParams::phases and key_phases) against the per-element angles they
+// replace: RoPE with every channel and with half of them rotating, PoPE with δ on the keys and
+// without δ, at position offsets 0 and 9,000, T not a tile multiple. q̃, k̃, the backward's dq,
+// dk and PoPE's dδ must be the same numbers (the tables hold exactly what the kernels computed
+// per element). Reports SKIPPED without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -30,7 +30,7 @@ struct Case {
 };
 
 struct Outputs {
-  std::vector<double> q, k, dqkv;
+  std::vector<double> q, k, dqkv, delta_grad;  // delta_grad: PoPE with δ only
 };
 
 // Equal element by element, NaN matching NaN (the v block of dqkv stays poisoned).
@@ -88,19 +88,49 @@ TEST(CudaPhaseTable, TabulatedPhasesGiveThePerElementTransformExactly) {
       POPE_CUDA_CHECK(kernels::encode_qk_backward(dims, p, source, static_cast<const float*>(dq.tensor.data),
                                                   static_cast<const float*>(dk.tensor.data),
                                                   static_cast<__nv_bfloat16*>(dqkv.tensor.data), nullptr));
+      Outputs out;
+      if (p.delta != nullptr) {
+        const OwnedTensor partials = allocate_tensor(
+            *gpu, {std::int64_t(kernels::pope_delta_gradient_partial_floats(dims))}, DType::f32);
+        const OwnedTensor delta_grad = allocate_tensor(*gpu, {H * d}, DType::f32);  // zero-filled
+        gpu->synchronize();
+        POPE_CUDA_CHECK(kernels::pope_delta_gradient(dims, p, source, static_cast<const float*>(dk.tensor.data),
+                                                     static_cast<float*>(partials.tensor.data),
+                                                     static_cast<float*>(delta_grad.tensor.data), nullptr));
+        POPE_CUDA_CHECK(cudaDeviceSynchronize());
+        out.delta_grad = test::download(*gpu, delta_grad.tensor);
+      }
       POPE_CUDA_CHECK(cudaDeviceSynchronize());
-      return Outputs{test::download(*gpu, q_encoded.tensor), test::download(*gpu, k_encoded.tensor),
-                     test::download(*gpu, dqkv.tensor)};
+      out.q = test::download(*gpu, q_encoded.tensor);
+      out.k = test::download(*gpu, k_encoded.tensor);
+      out.dqkv = test::download(*gpu, dqkv.tensor);
+      return out;
     };
     const Outputs per_element = run(plan);
     kernels::QkTransformParams tabulated = plan;
     auto* entries = static_cast<float2*>(table.tensor.data);
     POPE_CUDA_CHECK(kernels::fill_phase_table(plan, T, d, entries, nullptr));
     tabulated.phases = entries;
+    const std::size_t key_entries = kernels::key_phase_table_entries(plan, H, T, d);
+    EXPECT_EQ(key_entries, c.delta ? std::size_t(H) * T * d : 0u);
+    const OwnedTensor key_table = allocate_tensor(*gpu, {std::int64_t(2 * key_entries + 2)}, DType::f32);
+    auto* key_phases = static_cast<float2*>(key_table.tensor.data);
+    gpu->synchronize();
+    if (key_entries > 0) {
+      POPE_CUDA_CHECK(kernels::fill_key_phase_table(plan, H, T, d, key_phases, nullptr));
+      tabulated.key_phases = key_phases;
+    }
     const Outputs from_table = run(tabulated);
     EXPECT_TRUE(same_numbers(per_element.q, from_table.q)) << "q̃";
     EXPECT_TRUE(same_numbers(per_element.k, from_table.k)) << "k̃";
     EXPECT_TRUE(same_numbers(per_element.dqkv, from_table.dqkv)) << "dq, dk";
+    EXPECT_TRUE(same_numbers(per_element.delta_grad, from_table.delta_grad)) << "dδ";
+    if (key_entries > 0) {  // the kernels do read the key table: zeroed entries change k̃ and dδ
+      POPE_CUDA_CHECK(cudaMemset(key_phases, 0, key_entries * sizeof(float2)));
+      const Outputs zeroed_keys = run(tabulated);
+      EXPECT_FALSE(same_numbers(per_element.k, zeroed_keys.k)) << "k̃ did not change with a zeroed key table";
+      EXPECT_FALSE(same_numbers(per_element.delta_grad, zeroed_keys.delta_grad)) << "dδ did not change";
+    }
     EXPECT_EQ(kernels::phase_table_entries(plan, T, d), std::size_t(T) * std::size_t(count));
     // The kernels do read the table: zeroed entries (cos = sin = 0) change q̃.
     POPE_CUDA_CHECK(cudaMemset(entries, 0, kernels::phase_table_entries(plan, T, d) * sizeof(float2)));
