@@ -46,6 +46,12 @@ struct AttentionGradients {
   // key kernel add dq̃ with atomic adds instead of running the query kernel (one pass over the
   // tiles fewer; dq̃'s last bits may change between runs). The simple kernels ignore it.
   bool deterministic = true;
+  // Fused deterministic path only (flash_attention_fuses_qk_backward): the q/k transform whose
+  // backward the key and query kernels apply to dk̃ and dq̃ in their epilogues, writing dL/dk
+  // and dL/dq straight into dqkv's k and q blocks (bf16) as encode_qk_backward would (the same
+  // numbers); dq and dk are then not written (nor needed).
+  bool qk_backward_fused = false;
+  QkTransformParams qk_transform{};
 };
 
 // D_t = <dout_t, out_t> into grads.row_dot (the first step of either backward).

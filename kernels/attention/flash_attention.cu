@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "attention/attention_head.cuh"
+#include "attention/encoding_math.cuh"
 #include "attention/flash_attention.cuh"
 #include "attention/kernel_launch.cuh"
 #include "attention/mma_tiles.cuh"
@@ -471,6 +472,39 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     }
 }
 
+// ---------------------------------------------------------------- q/k gradients in the epilogue
+
+// Row r (0: this lane's row g, 1: g + 8) of a dq̃ or dk̃ accumulator, times `scale` (the f32 row
+// as it would be stored), through encode_qk_backward's per-element math into `row`, a row of
+// dqkv's q or k block, in bf16 (AttentionGradients::qk_backward_fused). The lane holds columns
+// 8nb + 2·quad + {0, 1} of every 8-column block, so RoPE's pair (c, c + W/2) (every channel
+// rotating) is blocks nb and nb + W/16 of the same lane; t is the row's position in the call.
+template <int kW>
+__device__ void store_qk_gradient_row(const float (&acc)[kW / 8][4], int r, float scale,
+                                      const QkTransformParams& transform, int t, int quad, bf16* row) {
+  constexpr int kHalf = kW / 16;
+  if (transform.kind == QkTransformKind::rope) {
+#pragma unroll
+    for (int nb = 0; nb < kHalf; ++nb) {
+      const int c = nb * 8 + 2 * quad;
+      float first[2], second[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float2 phase = transform.phases[std::int64_t(t) * (kW / 2) + c + e];
+        unrotate_pair(acc[nb][2 * r + e] * scale, acc[nb + kHalf][2 * r + e] * scale, PhaseRotation{phase.x, phase.y},
+                      first[e], second[e]);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(row + c) = __floats2bfloat162_rn(first[0], first[1]);
+      *reinterpret_cast<__nv_bfloat162*>(row + c + kW / 2) = __floats2bfloat162_rn(second[0], second[1]);
+    }
+  } else {
+#pragma unroll
+    for (int nb = 0; nb < kW / 8; ++nb)
+      *reinterpret_cast<__nv_bfloat162*>(row + nb * 8 + 2 * quad) =
+          __floats2bfloat162_rn(acc[nb][2 * r] * scale, acc[nb][2 * r + 1] * scale);
+  }
+}
+
 // ---------------------------------------------------------------- key gradients (dk̃, dv, Ĝ)
 
 // Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators, and with
@@ -806,12 +840,17 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   for (int r = 0; r < 2; ++r) {
     const int s = j0 + lane.row(2 * r);
     if (s >= T) continue;
-    float* dk_row = grads.dk + head.statistic_index(s) * kW;
+    bf16* dqkv_row = grads.dqkv + (std::int64_t(head.b) * T + s) * head.row_stride + std::int64_t(head.h) * d;
+    if (grads.qk_backward_fused) {
+      store_qk_gradient_row<kW>(dk, r, scale, grads.qk_transform, s, lane.q, dqkv_row + head.channels);
+    } else {
+      float* dk_row = grads.dk + head.statistic_index(s) * kW;
 #pragma unroll
-    for (int nb = 0; nb < kW / 8; ++nb)
-      *reinterpret_cast<float2*>(dk_row + lane.column(nb, 0)) = make_float2(dk[nb][2 * r] * scale, dk[nb][2 * r + 1] * scale);
-    bf16* dv_row = grads.dqkv + (std::int64_t(head.b) * T + s) * head.row_stride + 2 * head.channels +
-                   std::int64_t(head.h) * d;
+      for (int nb = 0; nb < kW / 8; ++nb)
+        *reinterpret_cast<float2*>(dk_row + lane.column(nb, 0)) =
+            make_float2(dk[nb][2 * r] * scale, dk[nb][2 * r + 1] * scale);
+    }
+    bf16* dv_row = dqkv_row + 2 * head.channels;
 #pragma unroll
     for (int nb = 0; nb < kDv / 8; ++nb)
       *reinterpret_cast<__nv_bfloat162*>(dv_row + lane.column(nb, 0)) =
@@ -979,6 +1018,11 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
   for (int r = 0; r < 2; ++r) {
     const int t = i0 + lane.row(2 * r);
     if (t >= T) continue;
+    if (grads.qk_backward_fused) {
+      store_qk_gradient_row<kW>(dq, r, scale, grads.qk_transform, t, lane.q,
+                                grads.dqkv + (std::int64_t(head.b) * T + t) * head.row_stride + std::int64_t(head.h) * d);
+      continue;
+    }
     float* dq_row = grads.dq + head.statistic_index(t) * kW;
 #pragma unroll
     for (int nb = 0; nb < kW / 8; ++nb)
@@ -1057,6 +1101,14 @@ bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention&
          blocks_of(dims.seq_len) <= 65535 && dims.n_head <= 65535 &&
          std::int64_t(dims.batch) * dims.n_head <= 0x7fffffff && aligned16(in.q) && aligned16(in.k) &&
          aligned16(in.qkv);
+}
+
+bool flash_attention_fuses_qk_backward(const AttentionDims& dims, const EncodedAttention& in,
+                                       const QkTransformParams& transform, bool deterministic) {
+  const bool transform_fits =
+      transform.kind == QkTransformKind::identity ||
+      (transform.kind == QkTransformKind::rope && 2 * transform.rotary_pairs == dims.head_dim && transform.phases != nullptr);
+  return flash_attention_supports(dims, in) && deterministic && dims.qk_width == dims.head_dim && transform_fits;
 }
 
 std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims) {

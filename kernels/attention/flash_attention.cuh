@@ -34,6 +34,13 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
 // (b·H + h, 64-key block).
 std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims);
 
+// True when flash_attention_backward can apply `transform`'s backward in its kernels'
+// epilogues (AttentionGradients::qk_backward_fused): the fused kernels handle the sizes, the
+// backward is deterministic, q̃ is as wide as a head (W = d), and the transform is the identity
+// or RoPE rotating every channel with its phase table (QkTransformParams::phases).
+bool flash_attention_fuses_qk_backward(const AttentionDims& dims, const EncodedAttention& in,
+                                       const QkTransformParams& transform, bool deterministic);
+
 // As causal_attention_backward (row_dot, dq̃, dk̃ f32, dv into dqkv), and when grads.bias_grad is
 // set (in.score.bias must be too): Ĝ_h(Δ) += Σ_b Σ_{t−s=Δ} dS_ts into grads.bias_grad [H, T],
 // using grads.bias_grad_partials as scratch.

@@ -414,11 +414,18 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   gradients.lse = static_cast<const float*>(args.lse.data);
   gradients.dout = static_cast<const __nv_bfloat16*>(args.dout.data);
   gradients.row_dot = reserve_elements<float>(scratch_->row_dot, std::size_t(dims.batch) * dims.n_head * dims.seq_len);
-  gradients.dq = reserve_elements<float>(scratch_->dq, encoded);
-  gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
   gradients.dqkv = static_cast<__nv_bfloat16*>(args.dqkv.data);
   gradients.deterministic = args.deterministic;
   const bool flash = use_flash(dims, in, gradients.dout);
+  // The fused kernels write dq, dk into dqkv themselves where they can (NoPE, ALiBi, the
+  // bias-only PJ-RoPE methods, RoPE): no f32 dq̃, dk̃ round trip through memory.
+  gradients.qk_backward_fused = args.impl == AttentionImpl::fused && flash &&
+                                kernels::flash_attention_fuses_qk_backward(dims, in, transform, args.deterministic);
+  gradients.qk_transform = transform;
+  if (!gradients.qk_backward_fused) {
+    gradients.dq = reserve_elements<float>(scratch_->dq, encoded);
+    gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
+  }
   // A PJ-bias takes its parameter gradients from the diagonal sums Ĝ of dS, zeroed here
   // because the kernels accumulate into them.
   const std::optional<PjBiasLayer> pj = pj_bias_layer(encoding, args.position, params, grads);
@@ -449,8 +456,9 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   } else {
     POPE_CUDA_CHECK(kernels::causal_attention_backward(dims, in, gradients, stream));
   }
-  POPE_CUDA_CHECK(
-      kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv, stream));
+  if (!gradients.qk_backward_fused)
+    POPE_CUDA_CHECK(
+        kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv, stream));
   if (pj) POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, stream));
   if (transform.kind == QkTransformKind::pope && transform.delta != nullptr) {
     float* partials =

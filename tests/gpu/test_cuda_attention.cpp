@@ -35,6 +35,7 @@
 #include "cuda/cuda_device.hpp"
 #include "attention/causal_attention.cuh"
 #include "attention/flash_attention.cuh"
+#include "attention/qk_transform.cuh"
 #include "attention_test_support.hpp"
 
 namespace {
@@ -355,6 +356,7 @@ KernelProblem make_kernel_problem(int batch, int seq_len, int n_head, int width,
 // out, lse, dq̃, dk̃, dv (v block of dqkv) and the bias gradient Ĝ (initial value included).
 struct KernelResult {
   std::vector<float> out, lse, dq, dk, dv, bias_grad;
+  std::vector<float> dqkv;  // all three blocks
 };
 
 // The dense double reference: scores, softmax, its backward and the diagonal sums of dS.
@@ -425,8 +427,11 @@ KernelResult dense_reference(const KernelProblem& p) {
 }
 
 // The fused kernels' forward and backward (with the bias gradient) on the device;
-// deterministic = false: dq̃ by atomic adds in the key kernel.
-KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true) {
+// deterministic = false: dq̃ by atomic adds in the key kernel. With a q/k transform, its backward
+// fills dqkv's q and k blocks: in the kernels' epilogues (fuse_transform) or by
+// encode_qk_backward from dq̃, dk̃ afterwards.
+KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true,
+                               const kernels::QkTransformParams* transform = nullptr, bool fuse_transform = false) {
   const std::size_t C = p.channels();
   DeviceBuffer q(p.q.size() * 2), k(p.k.size() * 2), qkv(p.qkv.size() * 2), dout(p.dout.size() * 2);
   DeviceBuffer bias(p.bias.size() * 4), bias_grad(p.bias.size() * 4), out(p.dout.size() * 2), dqkv(p.qkv.size() * 2);
@@ -464,7 +469,14 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
   grads.bias_grad = static_cast<float*>(bias_grad.tensor(DType::f32, {}).data);
   grads.bias_grad_partials = static_cast<float*>(partials.tensor(DType::f32, {}).data);
   grads.deterministic = deterministic;
+  if (transform != nullptr && fuse_transform) {
+    EXPECT_TRUE(kernels::flash_attention_fuses_qk_backward(p.dims, in, *transform, deterministic));
+    grads.qk_backward_fused = true;
+    grads.qk_transform = *transform;
+  }
   POPE_CUDA_CHECK(kernels::flash_attention_backward(p.dims, in, grads, nullptr));
+  if (transform != nullptr && !fuse_transform)
+    POPE_CUDA_CHECK(kernels::encode_qk_backward(p.dims, *transform, in.qkv, grads.dq, grads.dk, grads.dqkv, nullptr));
   POPE_CUDA_CHECK(cudaDeviceSynchronize());
 
   KernelResult r;
@@ -473,7 +485,8 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
   r.out = from_bf16(staging);
   staging.resize(p.qkv.size());
   dqkv.download(staging.data());
-  const std::vector<float> dqkv_values = from_bf16(staging);
+  r.dqkv = from_bf16(staging);
+  const std::vector<float>& dqkv_values = r.dqkv;
   r.dv.resize(p.rows() * C);
   for (std::size_t n = 0; n < p.rows(); ++n)
     std::copy_n(dqkv_values.begin() + std::ptrdiff_t(n * 3 * C + 2 * C), C, r.dv.begin() + std::ptrdiff_t(n * C));
@@ -563,6 +576,52 @@ TEST_F(CudaAttention, FlashAtomicDqMatchesTheDeterministicBackward) {
   EXPECT_TRUE(bitwise_equal(atomic.dk, fixed.dk));
   EXPECT_TRUE(bitwise_equal(atomic.dv, fixed.dv));
   EXPECT_TRUE(bitwise_equal(atomic.bias_grad, fixed.bias_grad));
+}
+
+// The q/k transform's backward in the key and query kernels' epilogues gives dqkv bit for bit as
+// the f32 dq̃, dk̃ rows followed by encode_qk_backward: identity and RoPE (every channel rotating,
+// phase table at a position offset), W = d = 64 and 128, T around the tiles, with the problem's
+// bias table (ALiBi and the PJ-bias methods take this path too). Other transforms and the
+// atomic mode keep the separate pass.
+TEST_F(CudaAttention, QkGradientsInTheEpilogueEqualTheSeparateBackwardBitwise) {
+  for (const int head_dim : {64, 128})
+    for (const int seq_len : {63, 65, 200})
+      for (const bool rope : {false, true}) {
+        SCOPED_TRACE(fmt::format("d {} T {} {}", head_dim, seq_len, rope ? "rope" : "identity"));
+        KernelProblem p = make_kernel_problem(2, seq_len, 3, head_dim, head_dim, 5u + unsigned(seq_len));
+        kernels::QkTransformParams transform;
+        const int pairs = head_dim / 2;
+        std::vector<double> omega(std::size_t(pairs), 0.0);
+        for (int m = 0; m < pairs; ++m) omega[std::size_t(m)] = std::pow(10000.0, -double(m) / pairs);
+        DeviceBuffer frequencies(omega.size() * sizeof(double)), phases(std::size_t(seq_len) * pairs * sizeof(float2));
+        frequencies.upload(omega.data());
+        if (rope) {
+          transform.kind = kernels::QkTransformKind::rope;
+          transform.rotary_pairs = pairs;
+          transform.position_offset = 3000;
+          transform.frequencies = static_cast<const double*>(frequencies.tensor(DType::f64, {}).data);
+          auto* table = static_cast<float2*>(phases.tensor(DType::f32, {}).data);
+          POPE_CUDA_CHECK(kernels::fill_phase_table(transform, seq_len, head_dim, table, nullptr));
+          transform.phases = table;
+        }
+        const KernelResult separate = run_flash_kernels(p, true, &transform, false);
+        const KernelResult fused = run_flash_kernels(p, true, &transform, true);
+        EXPECT_EQ(count_non_finite(fused.dqkv), 0u) << "dqkv has unwritten elements";
+        EXPECT_TRUE(bitwise_equal(fused.dqkv, separate.dqkv));
+      }
+  const KernelProblem p = make_kernel_problem(1, 64, 1, 64, 64, 1u);
+  kernels::EncodedAttention in;
+  in.q = in.k = in.qkv = reinterpret_cast<const __nv_bfloat16*>(std::uintptr_t(256));
+  in.score.scale = 0.125f;
+  kernels::QkTransformParams identity, half_rope, pope;
+  half_rope.kind = kernels::QkTransformKind::rope;
+  half_rope.rotary_pairs = 16;
+  half_rope.phases = reinterpret_cast<const float2*>(std::uintptr_t(256));
+  pope.kind = kernels::QkTransformKind::pope;
+  EXPECT_TRUE(kernels::flash_attention_fuses_qk_backward(p.dims, in, identity, true));
+  EXPECT_FALSE(kernels::flash_attention_fuses_qk_backward(p.dims, in, identity, false)) << "atomic dq̃";
+  EXPECT_FALSE(kernels::flash_attention_fuses_qk_backward(p.dims, in, half_rope, true)) << "half the channels";
+  EXPECT_FALSE(kernels::flash_attention_fuses_qk_backward(p.dims, in, pope, true)) << "PoPE";
 }
 
 TEST_F(CudaAttention, FlashBackwardIsBitwiseDeterministic) {
