@@ -74,9 +74,9 @@ __global__ void __launch_bounds__(kThreads)
 // same order and with the same fmaf chain as the kernels' <dout_t, v_s>, so that where out_t
 // equals v_s (a row attending to one key) dP − D cancels exactly, as it does on the CPU.
 // Threads take rows in memory order (b, t, h), so that a warp reads 32 neighbouring head rows
-// of out and dout, each in groups of kGroup channels (16-byte loads where rows allow); one
-// thread per row reading single bf16 values at a stride of a whole token row took ~7× the time
-// of its 2·B·T·H·d bytes.
+// of out and dout, each in groups of kGroup channels (16-byte loads where rows allow). Single
+// bf16 loads at the stride of a whole token row took 212 µs at B = 32, T = 1,024, H = 12, d = 64
+// (Nsight Compute), where its 100 MB take ~30 µs; this takes 56.
 template <int kGroup>
 __global__ void row_dot_kernel(AttentionDims dims, const __nv_bfloat16* out, const __nv_bfloat16* dout,
                                float* row_dot) {
