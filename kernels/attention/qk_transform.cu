@@ -283,10 +283,12 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
   }
 }
 
+// blockIdx.y + first_side selects queries (0) or keys (1).
 template <int kGroup>
 __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
-                                          const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv) {
-  const bool is_key = blockIdx.y == 1;
+                                          const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
+                                          int first_side) {
+  const bool is_key = int(blockIdx.y) + first_side == 1;
   const float* dencoded = is_key ? dk_encoded : dq_encoded;
   const int d = dims.head_dim, pairs = transform.rotary_pairs;
   const std::int64_t total = group_count(dims, kGroup);
@@ -353,10 +355,12 @@ std::int64_t delta_chunks(const AttentionDims& dims) {
 // Block (chunk, h, channel group): lane ↔ channel c, warp w sums the chunk's rows n ≡ w (mod
 // kDeltaWarps) in increasing order, then warp 0 adds the warps' sums in warp order and writes
 // the chunk's partial sum; delta_reduce_kernel adds the chunks in chunk order. A summation
-// order fixed by the sizes alone, so the result is the same on every run.
+// order fixed by the sizes alone, so the result is the same on every run. With dqkv set the
+// same pass writes the keys' dL/dk into dqkv's k block (encode_qk_backward's numbers: the row's
+// x, dk̃ and phase are what the sum reads), for every channel, δ in range or not.
 __global__ void __launch_bounds__(kDeltaChannels* kDeltaWarps)
     pope_delta_partial_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
-                              const float* dk_encoded, float* partials) {
+                              const float* dk_encoded, float* partials, __nv_bfloat16* dqkv) {
   __shared__ float partial[kDeltaWarps][kDeltaChannels];
   const int lane = threadIdx.x % kDeltaChannels, warp = threadIdx.x / kDeltaChannels;
   const std::int64_t chunk = blockIdx.x;
@@ -364,21 +368,31 @@ __global__ void __launch_bounds__(kDeltaChannels* kDeltaWarps)
   const int d = dims.head_dim, H = dims.n_head, T = dims.seq_len;
   const bool owns_channel = c < d;
   const float delta = owns_channel ? transform.delta[std::int64_t(h) * d + c] : 0.0f;
+  const bool sums = owns_channel && pope_delta_in_range(delta);
   float sum = 0.0f;
-  if (owns_channel && pope_delta_in_range(delta)) {
+  if (sums || (owns_channel && dqkv != nullptr)) {
     const std::int64_t channels = std::int64_t(H) * d, rows = std::int64_t(dims.batch) * T;
-    const std::int64_t first = chunk * kDeltaRowsPerChunk;
-    const std::int64_t end = first + kDeltaRowsPerChunk < rows ? first + kDeltaRowsPerChunk : rows;
-    for (std::int64_t n = first + warp; n < end; n += kDeltaWarps) {
-      const std::int64_t b = n / T;
-      const int t = int(n % T);
-      const float x = __bfloat162float(qkv[n * 3 * channels + channels + std::int64_t(h) * d + c]);
+    const std::int64_t first = chunk * kDeltaRowsPerChunk + warp;
+    const std::int64_t end = chunk * kDeltaRowsPerChunk + kDeltaRowsPerChunk < rows
+                                 ? chunk * kDeltaRowsPerChunk + kDeltaRowsPerChunk
+                                 : rows;
+    // Row n = b·T + t, stepped along with n rather than divided out of it per row.
+    std::int64_t b = first / T;
+    int t = int(first % T);
+#pragma unroll 4
+    for (std::int64_t n = first; n < end; n += kDeltaWarps) {
+      const std::int64_t key = n * 3 * channels + channels + std::int64_t(h) * d + c;
+      const float x = __bfloat162float(qkv[key]);
       const float* dy = dk_encoded + ((b * H + h) * T + t) * dims.qk_width;
       const PhaseRotation r =
           transform.key_phases != nullptr
               ? tabulated_key_phase(transform, h, T, t, d, c)
               : pope_phase(double(transform.position_offset) + double(t), transform.frequencies[c], true, delta);
-      sum += pope_phase_grad(pope_magnitude(transform.magnitude, x), dy[c], dy[d + c], r);
+      if (sums) sum += pope_phase_grad(pope_magnitude(transform.magnitude, x), dy[c], dy[d + c], r);
+      if (dqkv != nullptr)
+        dqkv[key] = __float2bfloat16_rn(pope_magnitude_grad(dy[c], dy[d + c], r) *
+                                        pope_magnitude_derivative(transform.magnitude, x));
+      for (t += kDeltaWarps; t >= T; t -= T) ++b;
     }
   }
   partial[warp][lane] = sum;
@@ -480,18 +494,20 @@ cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transf
 cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                                const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
                                cudaStream_t stream) {
-  if (group_count(dims, 1) == 0) return cudaSuccess;
+  const int sides = (dq_encoded != nullptr) + (dk_encoded != nullptr), first_side = dq_encoded != nullptr ? 0 : 1;
+  if (group_count(dims, 1) == 0 || sides == 0) return cudaSuccess;
   if (transform.kind == QkTransformKind::pj_rotary)
-    return encode_pj_rotary_backward(dims, transform, dq_encoded, dk_encoded, dqkv, stream);
+    return sides == 2 ? encode_pj_rotary_backward(dims, transform, dq_encoded, dk_encoded, dqkv, stream)
+                      : cudaErrorInvalidValue;
   if (!aligned_to(dqkv, 16)) {  // the bf16 outputs must take 16-byte stores too
-    encode_qk_backward_kernel<1><<<dim3(grid_for(group_count(dims, 1)), 2), kThreads, 0, stream>>>(
-        dims, transform, qkv, dq_encoded, dk_encoded, dqkv);
+    encode_qk_backward_kernel<1><<<dim3(grid_for(group_count(dims, 1)), unsigned(sides)), kThreads, 0, stream>>>(
+        dims, transform, qkv, dq_encoded, dk_encoded, dqkv, first_side);
     return cudaGetLastError();
   }
   return with_group(dims, transform, qkv, dq_encoded, dk_encoded, 32, [&](auto group) {
     constexpr int kGroup = decltype(group)::value;
-    encode_qk_backward_kernel<kGroup><<<dim3(grid_for(group_count(dims, kGroup)), 2), kThreads, 0, stream>>>(
-        dims, transform, qkv, dq_encoded, dk_encoded, dqkv);
+    encode_qk_backward_kernel<kGroup><<<dim3(grid_for(group_count(dims, kGroup)), unsigned(sides)), kThreads, 0,
+                                        stream>>>(dims, transform, qkv, dq_encoded, dk_encoded, dqkv, first_side);
     return cudaGetLastError();
   });
 }
@@ -530,7 +546,8 @@ std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims) {
 }
 
 cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
-                                const float* dk_encoded, float* partials, float* delta_grad, cudaStream_t stream) {
+                                const float* dk_encoded, float* partials, float* delta_grad, __nv_bfloat16* dqkv,
+                                cudaStream_t stream) {
   if (transform.kind != QkTransformKind::pope || transform.delta == nullptr || partials == nullptr)
     return cudaErrorInvalidValue;
   if (group_count(dims, 1) == 0) return cudaSuccess;
@@ -539,7 +556,7 @@ cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformPara
   const dim3 grid(unsigned(chunks), unsigned(dims.n_head),
                   unsigned((dims.head_dim + kDeltaChannels - 1) / kDeltaChannels));
   pope_delta_partial_kernel<<<grid, kDeltaChannels * kDeltaWarps, 0, stream>>>(dims, transform, qkv, dk_encoded,
-                                                                               partials);
+                                                                               partials, dqkv);
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
   const std::int64_t count = std::int64_t(dims.n_head) * dims.head_dim;

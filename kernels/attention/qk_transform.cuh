@@ -21,7 +21,9 @@ cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transf
                       __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream);
 
 // Backward of encode_qk: OVERWRITES the q and k column blocks of dqkv with dL/dq, dL/dk
-// from the gradients of q̃ and k̃ (the v block is left alone).
+// from the gradients of q̃ and k̃ (the v block is left alone). A null dq_encoded or dk_encoded
+// leaves its block alone too (written elsewhere, e.g. PoPE's keys by pope_delta_gradient);
+// PJ-rotary needs both.
 cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                                const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
                                cudaStream_t stream);
@@ -53,8 +55,10 @@ std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims);
 // phase gradients, for δ inside [−2π, 0] (zero gradient outside). Deterministic: one block
 // per (chunk of 256 rows, head, 32 channels) writes its partial sum to `partials`
 // (pope_delta_gradient_partial_floats), then one thread per (head, channel) adds the chunks
-// in chunk order. transform.delta must be set.
+// in chunk order. transform.delta must be set. With dqkv set, the same pass OVERWRITES its k
+// block with dL/dk, as encode_qk_backward would (call that one for the queries only).
 cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
-                                const float* dk_encoded, float* partials, float* delta_grad, cudaStream_t stream);
+                                const float* dk_encoded, float* partials, float* delta_grad, __nv_bfloat16* dqkv,
+                                cudaStream_t stream);
 
 }  // namespace pope::kernels

@@ -456,15 +456,18 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   } else {
     POPE_CUDA_CHECK(kernels::causal_attention_backward(dims, in, gradients, stream));
   }
+  // PoPE with δ: the pass that sums δ's gradient reads the keys' x, dk̃ and phases anyway and
+  // writes their dL/dk too, so encode_qk_backward transforms the queries only.
+  const bool keys_with_delta = transform.kind == QkTransformKind::pope && transform.delta != nullptr;
   if (!gradients.qk_backward_fused)
-    POPE_CUDA_CHECK(
-        kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq, gradients.dk, gradients.dqkv, stream));
+    POPE_CUDA_CHECK(kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq,
+                                                keys_with_delta ? nullptr : gradients.dk, gradients.dqkv, stream));
   if (pj) POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, stream));
-  if (transform.kind == QkTransformKind::pope && transform.delta != nullptr) {
+  if (keys_with_delta) {
     float* partials =
         reserve_elements<float>(scratch_->delta_grad_partials, kernels::pope_delta_gradient_partial_floats(dims));
-    POPE_CUDA_CHECK(
-        kernels::pope_delta_gradient(dims, transform, in.qkv, gradients.dk, partials, grads.front(), stream));
+    POPE_CUDA_CHECK(kernels::pope_delta_gradient(dims, transform, in.qkv, gradients.dk, partials, grads.front(),
+                                                 gradients.dqkv, stream));
   }
 }
 

@@ -3,7 +3,7 @@
 // replace: RoPE with every channel and with half of them rotating, PoPE with δ on the keys and
 // without δ, at position offsets 0 and 9,000, T not a tile multiple. q̃, k̃, the backward's dq,
 // dk and PoPE's dδ must be the same numbers (the tables hold exactly what the kernels computed
-// per element). Reports SKIPPED without a GPU.
+// per element), also with PoPE's dk written by δ's gradient pass. Reports SKIPPED without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -76,7 +76,9 @@ TEST(CudaPhaseTable, TabulatedPhasesGiveThePerElementTransformExactly) {
     const OwnedTensor table =
         allocate_tensor(*gpu, {std::int64_t(2 * kernels::phase_table_entries(plan, T, d))}, DType::f32);
     gpu->synchronize();  // the kernels below run on the default stream
-    auto run = [&](const kernels::QkTransformParams& p) {
+    // keys_by_delta: dk comes from pope_delta_gradient's pass (as the runner does it), not from
+    // encode_qk_backward.
+    auto run = [&](const kernels::QkTransformParams& p, bool keys_by_delta = false) {
       const OwnedTensor q_encoded = allocate_tensor(*gpu, {encoded}, DType::bf16);
       const OwnedTensor k_encoded = allocate_tensor(*gpu, {encoded}, DType::bf16);
       const OwnedTensor dqkv = allocate_tensor(*gpu, {rows, 3 * C}, DType::bf16);
@@ -85,9 +87,10 @@ TEST(CudaPhaseTable, TabulatedPhasesGiveThePerElementTransformExactly) {
       const auto* source = static_cast<const __nv_bfloat16*>(qkv.tensor.data);
       POPE_CUDA_CHECK(kernels::encode_qk(dims, p, source, static_cast<__nv_bfloat16*>(q_encoded.tensor.data),
                                          static_cast<__nv_bfloat16*>(k_encoded.tensor.data), nullptr));
-      POPE_CUDA_CHECK(kernels::encode_qk_backward(dims, p, source, static_cast<const float*>(dq.tensor.data),
-                                                  static_cast<const float*>(dk.tensor.data),
-                                                  static_cast<__nv_bfloat16*>(dqkv.tensor.data), nullptr));
+      POPE_CUDA_CHECK(kernels::encode_qk_backward(
+          dims, p, source, static_cast<const float*>(dq.tensor.data),
+          keys_by_delta ? nullptr : static_cast<const float*>(dk.tensor.data),
+          static_cast<__nv_bfloat16*>(dqkv.tensor.data), nullptr));
       Outputs out;
       if (p.delta != nullptr) {
         const OwnedTensor partials = allocate_tensor(
@@ -96,7 +99,10 @@ TEST(CudaPhaseTable, TabulatedPhasesGiveThePerElementTransformExactly) {
         gpu->synchronize();
         POPE_CUDA_CHECK(kernels::pope_delta_gradient(dims, p, source, static_cast<const float*>(dk.tensor.data),
                                                      static_cast<float*>(partials.tensor.data),
-                                                     static_cast<float*>(delta_grad.tensor.data), nullptr));
+                                                     static_cast<float*>(delta_grad.tensor.data),
+                                                     keys_by_delta ? static_cast<__nv_bfloat16*>(dqkv.tensor.data)
+                                                                   : nullptr,
+                                                     nullptr));
         POPE_CUDA_CHECK(cudaDeviceSynchronize());
         out.delta_grad = test::download(*gpu, delta_grad.tensor);
       }
@@ -125,6 +131,11 @@ TEST(CudaPhaseTable, TabulatedPhasesGiveThePerElementTransformExactly) {
     EXPECT_TRUE(same_numbers(per_element.k, from_table.k)) << "k̃";
     EXPECT_TRUE(same_numbers(per_element.dqkv, from_table.dqkv)) << "dq, dk";
     EXPECT_TRUE(same_numbers(per_element.delta_grad, from_table.delta_grad)) << "dδ";
+    if (c.delta) {  // the keys' dk written by δ's pass instead: the same numbers, and dδ unchanged
+      const Outputs keys_by_delta = run(tabulated, true);
+      EXPECT_TRUE(same_numbers(per_element.dqkv, keys_by_delta.dqkv)) << "dq, dk with dk from δ's pass";
+      EXPECT_TRUE(same_numbers(per_element.delta_grad, keys_by_delta.delta_grad)) << "dδ with dk written";
+    }
     if (key_entries > 0) {  // the kernels do read the key table: zeroed entries change k̃ and dδ
       POPE_CUDA_CHECK(cudaMemset(key_phases, 0, key_entries * sizeof(float2)));
       const Outputs zeroed_keys = run(tabulated);
