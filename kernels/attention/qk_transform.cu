@@ -34,16 +34,30 @@ struct GroupSite {
   double position;       // absolute position of t
 };
 
-// Thread `index` of a launch with `group` channels per thread (group divides head_dim).
+// Thread `index` of a launch with `group` channels per thread (group divides head_dim). The
+// index is split into (row n, head, group) with 32-bit divisions where it fits 32 bits (below
+// 2^32 channel groups per launch): a 64-bit division is a long instruction sequence, and these
+// memory-bound kernels take three per thread for 8 channels of traffic.
 __device__ GroupSite site_of(std::int64_t index, const AttentionDims& dims, int offset, bool is_key, int group) {
   GroupSite site;
   const int d = dims.head_dim, H = dims.n_head, T = dims.seq_len, groups = d / group;
-  site.c0 = int(index % groups) * group;
-  const std::int64_t head_row = index / groups;
-  site.h = int(head_row % H);
-  const std::int64_t n = head_row / H;  // row b·T + t of qkv
-  const std::int64_t b = n / T;
-  const int t = int(n % T);
+  std::int64_t n, b;  // row b·T + t of qkv, and its sequence
+  int t;
+  if (index <= 0xffffffffll) {
+    const unsigned narrow = unsigned(index), head_row = narrow / unsigned(groups), row = head_row / unsigned(H);
+    site.c0 = int(narrow - head_row * unsigned(groups)) * group;
+    site.h = int(head_row - row * unsigned(H));
+    n = row;
+    b = row / unsigned(T);
+    t = int(row - unsigned(b) * unsigned(T));
+  } else {
+    site.c0 = int(index % groups) * group;
+    const std::int64_t head_row = index / groups;
+    site.h = int(head_row % H);
+    n = head_row / H;
+    b = n / T;
+    t = int(n % T);
+  }
   const std::int64_t channels = std::int64_t(H) * d;
   site.encoded = ((b * H + site.h) * T + t) * dims.qk_width;
   site.qkv = n * 3 * channels + (is_key ? channels : 0) + std::int64_t(site.h) * d;
