@@ -36,12 +36,9 @@ struct QkTransformParams {
   const float* delta = nullptr;                               // pope keys: δ [n_head, head_dim], or null without δ
   int jet_order = 0;                    // pj_rotary: K, blocks of K+1 complex channels (≤ kPjRotaryMaxOrder)
   double shear_rate = 0.0;              // pj_rotary: η / L_train, so that the shear is c_p = shear_rate · p
-  // rope, pope (phases without δ): (cos, sin) of p_t · frequency_m for the call's rows t,
-  // [seq_len][rotary_pairs or head_dim] (fill_phase_table), or null: computed per element.
+  // rope: (cos, sin) of p_t · frequency_m for the call's rows t, [seq_len][rotary_pairs]
+  // (fill_phase_table), or null: computed per (position, pair).
   const float2* phases = nullptr;
-  // pope keys with δ: (cos, sin) of p_t · ω_c + δ_hc, [n_head][seq_len][head_dim]
-  // (fill_key_phase_table), or null: computed per element.
-  const float2* key_phases = nullptr;
 };
 
 // a_ts = <q̃_t, k̃_s> · scale + bias[h·T + (t − s)] for s ≤ t.

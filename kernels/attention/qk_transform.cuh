@@ -12,11 +12,12 @@
 
 namespace pope::kernels {
 
-// q̃, k̃ of every (batch, head, position); one thread per 8 input channels (16-byte vectors)
-// where head_dim, q/k width and RoPE's rotary pairs are multiples of 8, else per channel;
-// PJ-rotary one thread per block of 2(K+1) channels. Returns cudaErrorInvalidValue for a
-// PJ-rotary plan whose order is outside [0, kPjRotaryMaxOrder], whose block width does not
-// divide head_dim, or without frequencies.
+// q̃, k̃ of every (batch, head, position); one thread per (position, head, 8 input channels)
+// (16-byte vectors) where head_dim, q/k width and RoPE's rotary pairs are multiples of 8, else
+// per channel, each looping over the batch; PJ-rotary one thread per block of 2(K+1) channels.
+// Returns cudaErrorInvalidValue for a PJ-rotary plan whose order is outside [0,
+// kPjRotaryMaxOrder], whose block width does not divide head_dim, or without frequencies, and
+// for calls with 2^32 or more (position, head, channel) sites.
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                       __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream);
 
@@ -28,32 +29,21 @@ cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParam
                                const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
                                cudaStream_t stream);
 
-// Entries of a call's phase table (QkTransformParams::phases): seq_len × RoPE's rotary pairs
-// or PoPE's head_dim; 0 for transforms without one.
-std::size_t phase_table_entries(const QkTransformParams& transform, int seq_len, int head_dim);
+// Entries of a call's phase table (QkTransformParams::phases): seq_len × RoPE's rotary pairs;
+// 0 for other transforms.
+std::size_t phase_table_entries(const QkTransformParams& transform, int seq_len);
 // Fills `table` (phase_table_entries of them) with the (cos, sin) of every row's angle for every
-// frequency, bitwise as the encode kernels compute them per element: with transform.phases set
-// to it, encode_qk and encode_qk_backward evaluate seq_len × width angles instead of one per
-// element (B·H times as many). Nothing to do for other transforms.
-cudaError_t fill_phase_table(const QkTransformParams& transform, int seq_len, int head_dim, float2* table,
-                             cudaStream_t stream);
+// frequency, bitwise as the encode kernels compute them: with transform.phases set to it,
+// encode_qk and encode_qk_backward evaluate seq_len × pairs angles instead of H times as many,
+// and the fused kernels' RoPE gradient epilogue reads it. Nothing to do for other transforms.
+cudaError_t fill_phase_table(const QkTransformParams& transform, int seq_len, float2* table, cudaStream_t stream);
 
-// Entries of a call's key phase table (QkTransformParams::key_phases): n_head × seq_len ×
-// head_dim for PoPE with δ, 0 otherwise.
-std::size_t key_phase_table_entries(const QkTransformParams& transform, int n_head, int seq_len, int head_dim);
-// Fills `table` (key_phase_table_entries of them) with the (cos, sin) of p_t · ω_c + δ_hc,
-// bitwise as encode_qk, encode_qk_backward and pope_delta_gradient compute them per key
-// element: with transform.key_phases set to it they evaluate H·T·d angles instead of B times
-// as many (worth a table of B·H·T·d·8 bytes / B only when B > 1).
-cudaError_t fill_key_phase_table(const QkTransformParams& transform, int n_head, int seq_len, int head_dim,
-                                 float2* table, cudaStream_t stream);
-
-// f32 scratch pope_delta_gradient needs: one partial sum per (chunk of 256 rows b·T + t, head, channel).
+// f32 scratch pope_delta_gradient needs: one partial sum per (chunk of positions, head, channel).
 std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims);
 
 // PoPE: ACCUMULATES dL/dδ [n_head, head_dim] += Σ over batch and positions of the keys'
 // phase gradients, for δ inside [−2π, 0] (zero gradient outside). Deterministic: one block
-// per (chunk of 256 rows, head, 32 channels) writes its partial sum to `partials`
+// per (chunk of positions, head) sums its positions over the batch into `partials`
 // (pope_delta_gradient_partial_floats), then one thread per (head, channel) adds the chunks
 // in chunk order. transform.delta must be set. With dqkv set, the same pass OVERWRITES its k
 // block with dL/dk, as encode_qk_backward would (call that one for the queries only).

@@ -182,8 +182,7 @@ void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDi
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, phases,
-      key_phases;
+  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, phases;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias, bias_slopes;
 #ifdef POPE_HAVE_CUDNN
@@ -223,14 +222,13 @@ struct AttentionRunner::Scratch {
 
   // The encoding's q/k transform for this call (tables uploaded); throws for encodings the
   // GPU path does not know, naming them.
-  // `batch` decides whether PoPE's key phases with δ are tabulated (worth it for B > 1 only).
   QkTransformParams transform(std::string_view op, const PositionEncoding& encoding, const PositionContext& ctx,
-                              int batch, const std::vector<float*>& params, cudaStream_t stream) {
+                              const std::vector<float*>& params, cudaStream_t stream) {
     if (const auto* composed = dynamic_cast<const ComposedEncoding*>(&encoding)) {
       // A PJ-RoPE method: the q/k transform of its first part, whose parameters come first.
       const std::size_t own = composed->transform_parameter_count(ctx.n_head, ctx.head_dim);
       const std::vector<float*> transform_params(params.begin(), params.begin() + std::ptrdiff_t(own));
-      return transform(op, composed->transform_part(), ctx, batch, transform_params, stream);
+      return transform(op, composed->transform_part(), ctx, transform_params, stream);
     }
     QkTransformParams plan;
     plan.position_offset = ctx.position_offset;
@@ -250,8 +248,6 @@ struct AttentionRunner::Scratch {
       plan.frequencies = frequencies.upload(pope->frequencies(ctx.head_dim), stream);
       plan.magnitude = device_magnitude(pope->magnitude());
       plan.delta = params.empty() ? nullptr : params.front();  // no δ parameter: the "no δ" ablation
-      plan.phases = tabulate_phases(plan, ctx, stream);
-      if (batch > 1) plan.key_phases = tabulate_key_phases(plan, ctx, stream);
       return plan;
     }
     if (const auto* pj = dynamic_cast<const PjRotaryEncoding*>(&encoding)) {
@@ -268,21 +264,11 @@ struct AttentionRunner::Scratch {
                     op, encoding.kind()));
   }
 
-  // The call's phase table (kernels::fill_phase_table): T × width angles evaluated once
-  // instead of once per element of q and k.
+  // RoPE's phase table for the call (kernels::fill_phase_table): T × pairs angles evaluated once
+  // instead of once per (position, head) of q and k, and read by the fused gradient epilogue.
   const float2* tabulate_phases(const QkTransformParams& plan, const PositionContext& ctx, cudaStream_t stream) {
-    auto* table = reserve_elements<float2>(phases, kernels::phase_table_entries(plan, ctx.seq_len, ctx.head_dim));
-    POPE_CUDA_CHECK(kernels::fill_phase_table(plan, ctx.seq_len, ctx.head_dim, table, stream));
-    return table;
-  }
-
-  // PoPE's key phases with δ (kernels::fill_key_phase_table), H × T × d angles evaluated once
-  // instead of once per element of every sequence of the batch; null without δ.
-  const float2* tabulate_key_phases(const QkTransformParams& plan, const PositionContext& ctx, cudaStream_t stream) {
-    const std::size_t entries = kernels::key_phase_table_entries(plan, ctx.n_head, ctx.seq_len, ctx.head_dim);
-    if (entries == 0) return nullptr;
-    auto* table = reserve_elements<float2>(key_phases, entries);
-    POPE_CUDA_CHECK(kernels::fill_key_phase_table(plan, ctx.n_head, ctx.seq_len, ctx.head_dim, table, stream));
+    auto* table = reserve_elements<float2>(phases, kernels::phase_table_entries(plan, ctx.seq_len));
+    POPE_CUDA_CHECK(kernels::fill_phase_table(plan, ctx.seq_len, table, stream));
     return table;
   }
 
@@ -362,7 +348,7 @@ std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
   std::size_t total = s.frequencies.bytes() + s.bias.bytes() + s.bias_slopes.bytes() + s.cudnn_bytes();
   for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
-                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.phases, &s.key_phases})
+                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.phases})
     total += block->bytes();
   return total;
 }
@@ -372,7 +358,7 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   const AttentionDims dims = check_call(op, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse);
   const PositionEncoding& encoding = *args.encoding;
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
-  const QkTransformParams transform = scratch_->transform(op, encoding, args.position, dims.batch, params, stream);
+  const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
   check_impl(op, args.impl, encoding, score);
   check_encoded(op, args.encoded, dims);
@@ -398,7 +384,7 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   const PositionEncoding& encoding = *args.encoding;
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
-  const QkTransformParams transform = scratch_->transform(op, encoding, args.position, dims.batch, params, stream);
+  const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
   const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
   check_impl(op, args.impl, encoding, score);
   check_encoded(op, args.encoded, dims);

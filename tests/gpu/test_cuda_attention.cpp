@@ -601,7 +601,7 @@ TEST_F(CudaAttention, QkGradientsInTheEpilogueEqualTheSeparateBackwardBitwise) {
           transform.position_offset = 3000;
           transform.frequencies = static_cast<const double*>(frequencies.tensor(DType::f64, {}).data);
           auto* table = static_cast<float2*>(phases.tensor(DType::f32, {}).data);
-          POPE_CUDA_CHECK(kernels::fill_phase_table(transform, seq_len, head_dim, table, nullptr));
+          POPE_CUDA_CHECK(kernels::fill_phase_table(transform, seq_len, table, nullptr));
           transform.phases = table;
         }
         const KernelResult separate = run_flash_kernels(p, true, &transform, false);
