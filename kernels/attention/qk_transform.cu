@@ -427,7 +427,7 @@ __host__ __device__ DeltaTiling delta_tiling(const AttentionDims& dims, int grou
 // forms the group's phases once, adds dφ of its channels over the slice's sequences in order
 // and, with dqkv set, writes each sequence's dL/dk into dqkv's k block (encode_qk_backward's
 // numbers: the sum reads the same x, dk̃ and phase). The block then adds its positions' sums in
-// position order into its (slice, chunk) partial sum; pope_delta_reduce_kernel adds those in
+// a fixed tree into its (slice, chunk) partial sum; pope_delta_reduce_kernel adds those in
 // order. A summation order fixed by the sizes (and the group width) alone, so the result is the
 // same on every run. blockIdx.z = slice · slabs + slab.
 template <int kGroup>
@@ -473,25 +473,51 @@ __global__ void __launch_bounds__(kDeltaThreads)
 #pragma unroll
   for (int k = 0; k < kGroup; ++k) partial[k][threadIdx.x] = sum[k];
   __syncthreads();
+  // The block's positions summed as a fixed binary tree (row r takes in row r + stride, strides
+  // halving): every thread adds at each level, where one thread per group adding all the rows
+  // in turn left the rest of the block waiting.
+  int stride = 1;
+  while (2 * stride < tiling.positions) stride *= 2;
+  for (; stride >= 1; stride /= 2) {
+    if (row < stride && row + stride < tiling.positions) {
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) partial[k][threadIdx.x] += partial[k][threadIdx.x + stride * tiling.groups];
+    }
+    __syncthreads();
+  }
   if (row == 0 && c0 < d) {
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      float total = 0.0f;
-      for (int p = 0; p < tiling.positions; ++p) total += partial[k][p * tiling.groups + slot];
-      partials[((std::int64_t(slice) * tiling.chunks + blockIdx.x) * dims.n_head + h) * d + c0 + k] = total;
-    }
+    for (int k = 0; k < kGroup; ++k)
+      partials[((std::int64_t(slice) * tiling.chunks + blockIdx.x) * dims.n_head + h) * d + c0 + k] =
+          partial[k][threadIdx.x];
   }
 }
 
-// Thread (h, c): dL/dδ_hc += Σ partials[slice, chunk, h, c] over (slice, chunk) in increasing order.
-__global__ void pope_delta_reduce_kernel(AttentionDims dims, std::int64_t sums, const float* partials,
-                                         float* delta_grad) {
+constexpr int kReduceLanes = 32;  // lanes ↔ consecutive (head, channel) entries
+constexpr int kReduceWarps = 8;   // warps ↔ interleaved partial sums
+
+// Block = 32 consecutive entries i = h·d + c: warp w adds the partial sums w, w + 8, … in
+// order (a few hundred of them, so one thread per entry adding them all made a long chain
+// of dependent loads), then warp 0 adds the warps' totals in warp order:
+// dL/dδ_hc += Σ partials[slice, chunk, h, c] in a fixed order.
+__global__ void __launch_bounds__(kReduceLanes* kReduceWarps)
+    pope_delta_reduce_kernel(AttentionDims dims, std::int64_t sums, const float* partials, float* delta_grad) {
+  __shared__ float warp_total[kReduceWarps][kReduceLanes];
+  const int lane = int(threadIdx.x) % kReduceLanes, warp = int(threadIdx.x) / kReduceLanes;
   const std::int64_t count = std::int64_t(dims.n_head) * dims.head_dim;
-  const std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
-  if (i >= count) return;
+  const std::int64_t i = std::int64_t(blockIdx.x) * kReduceLanes + lane;
   float total = 0.0f;
-  for (std::int64_t sum = 0; sum < sums; ++sum) total += partials[sum * count + i];
-  delta_grad[i] += total;
+  if (i < count) {
+#pragma unroll 4
+    for (std::int64_t sum = warp; sum < sums; sum += kReduceWarps) total += partials[sum * count + i];
+  }
+  warp_total[warp][lane] = total;
+  __syncthreads();
+  if (warp == 0 && i < count) {
+    float all = 0.0f;
+    for (int w = 0; w < kReduceWarps; ++w) all += warp_total[w][lane];
+    delta_grad[i] += all;
+  }
 }
 
 unsigned grid_for(std::int64_t count) {
@@ -615,7 +641,10 @@ cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformPara
   if (nothing_to_do(dims)) return cudaSuccess;
   if (dims.n_head > 65535) return cudaErrorInvalidValue;
   return with_group(dims, transform, {qkv, dk_encoded, dqkv}, [&](auto group) {
-    constexpr int kGroup = decltype(group)::value;
+    // Four channels per thread where eight could be moved: the pass keeps a phase, a sum and
+    // its loads per channel in registers, and at eight it took 105 registers (two blocks per
+    // SM, 155 µs at the 124M shape against 133 µs with four at 76 registers).
+    constexpr int kGroup = decltype(group)::value == 1 ? 1 : kVectorGroup / 2;
     const DeltaTiling tiling = delta_tiling(dims, kGroup);
     if (tiling.chunks > 0x7fffffff || std::int64_t(tiling.slabs) * tiling.slices > 65535) return cudaErrorInvalidValue;
     const dim3 grid(unsigned(tiling.chunks), unsigned(dims.n_head), unsigned(tiling.slabs * tiling.slices));
@@ -624,8 +653,8 @@ cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformPara
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     const std::int64_t count = std::int64_t(dims.n_head) * dims.head_dim;
-    pope_delta_reduce_kernel<<<unsigned((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        dims, tiling.chunks * tiling.slices, partials, delta_grad);
+    pope_delta_reduce_kernel<<<unsigned((count + kReduceLanes - 1) / kReduceLanes), kReduceLanes * kReduceWarps, 0,
+                               stream>>>(dims, tiling.chunks * tiling.slices, partials, delta_grad);
     return cudaGetLastError();
   });
 }

@@ -3,12 +3,12 @@
 //   the q̃, k̃, dq and dk of the angles formed per (position, pair), bit for bit, with every
 //   channel and with half of them rotating, at position offsets 0 and 9,000;
 // - PoPE over a batch of 10 (two slices of the kernels' up to 8 sequences, the second short),
-//   with 16-byte groups (d = 64) and single channels (d = 12), T not a multiple of a block's
+//   with vector groups (d = 64) and single channels (d = 12), T not a multiple of a block's
 //   positions: q̃, k̃ and the keys' dL/dk against the host's formulas; the δ pass
 //   (kernels::pope_delta_gradient) writes dL/dk exactly as encode_qk_backward does and
 //   accumulates dL/dδ = Σ over batch and positions of the keys' phase gradients (against a double
-//   sum on the host), none for δ outside [−2π, 0]. The tolerance, 1e-4 of Σ|term|, is 40× below one average term (B·T = 231 of
-//   them), so a wrong, missing or doubled (b, t) term fails it.
+//   sum on the host), none for δ outside [−2π, 0]. The tolerance, 1e-4 of Σ|term|, is 13× below
+//   one average term (B·T = 770 of them), so a wrong, missing or doubled (b, t) term fails it.
 // Reports SKIPPED without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -120,7 +120,7 @@ TEST(CudaQkTransform, PopeKernelsMatchTheHostOverBatchSlices) {
   auto gpu = make_backend("cuda");
   const int B = 10, T = 77, H = 2, offset = 9000;
   constexpr double kTwoPi = 6.283185307179586476925286766559;
-  for (const int d : {64, 12}) {  // 16-byte groups; single channels
+  for (const int d : {64, 12}) {  // vector groups; single channels
     SCOPED_TRACE("head_dim " + std::to_string(d));
     const int W = 2 * d;
     const std::int64_t rows = std::int64_t(B) * T, C = std::int64_t(H) * d, encoded = std::int64_t(B) * H * T * W;
