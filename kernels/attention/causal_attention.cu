@@ -247,7 +247,9 @@ cudaError_t attention_row_dot(const AttentionDims& dims, const AttentionGradient
 
 cudaError_t causal_attention_backward(const AttentionDims& dims, const EncodedAttention& in,
                                       const AttentionGradients& grads, cudaStream_t stream) {
-  if (!supported(dims) || grads.bias_grad != nullptr) return cudaErrorInvalidValue;
+  // Neither Ĝ nor bf16 encoded gradients here (flash_attention_backward's options).
+  if (!supported(dims) || grads.bias_grad != nullptr || grads.dq_bf16 != nullptr || grads.dk_bf16 != nullptr)
+    return cudaErrorInvalidValue;
   const int w = dims.qk_width, d = dims.head_dim;
   const cudaError_t status = attention_row_dot(dims, grads, stream);
   if (status != cudaSuccess) return status;

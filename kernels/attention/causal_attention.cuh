@@ -37,6 +37,12 @@ struct AttentionGradients {
   float* row_dot = nullptr;             // scratch [B, H, T]: D_t = <dout_t, out_t>
   float* dq = nullptr;                  // written: dL/dq̃ [B, H, T, qk_width]
   float* dk = nullptr;                  // written: dL/dk̃
+  // Fused path where flash_attention_rounds_encoded_gradients allows, set both or neither: dq̃,
+  // dk̃ written rounded to bf16 here instead of dq, dk. PoPE's 2d-wide gradients are the largest
+  // tensors of its backward (written once, read back by the q/k transform's backward and the δ
+  // pass); in bf16 they move half the bytes, as PyTorch's attention hands bf16 gradients on too.
+  __nv_bfloat16* dq_bf16 = nullptr;
+  __nv_bfloat16* dk_bf16 = nullptr;
   __nv_bfloat16* dqkv = nullptr;        // v column block written with dL/dv
   // Optional (fused path only): Ĝ_h(Δ) = Σ_b Σ_{t−s=Δ} dS_ts ACCUMULATED into f32 [H, T], the
   // gradient of the bias table b_h(Δ); scratch of flash_bias_grad_partial_floats(dims) floats.

@@ -505,6 +505,30 @@ __device__ void store_qk_gradient_row(const float (&acc)[kW / 8][4], int r, floa
   }
 }
 
+// Row r of a dq̃ or dk̃ accumulator times `scale` into row `row` of the encoded gradient: f32
+// (AttentionGradients::dq, dk), or bf16 (dq_bf16, dk_bf16) where the call asks for it. Only
+// kernels whose features are wider than a head (kW > kDv: PoPE's 2d-wide ones) carry the bf16
+// store; they are the ones whose gradients are large enough for it to pay, and carrying it in the
+// W = 64 key kernel tripled that kernel's register spills.
+template <int kW, int kDv>
+__device__ void store_encoded_gradient_row(const float (&acc)[kW / 8][4], int r, float scale, const Lane& lane,
+                                           float* f32_base, bf16* bf16_base, std::int64_t row) {
+  if constexpr (kW > kDv) {
+    if (bf16_base != nullptr) {
+      bf16* out = bf16_base + row * kW;
+#pragma unroll
+      for (int nb = 0; nb < kW / 8; ++nb)
+        *reinterpret_cast<__nv_bfloat162*>(out + lane.column(nb, 0)) =
+            __floats2bfloat162_rn(acc[nb][2 * r] * scale, acc[nb][2 * r + 1] * scale);
+      return;
+    }
+  }
+  float* out = f32_base + row * kW;
+#pragma unroll
+  for (int nb = 0; nb < kW / 8; ++nb)
+    *reinterpret_cast<float2*>(out + lane.column(nb, 0)) = make_float2(acc[nb][2 * r] * scale, acc[nb][2 * r + 1] * scale);
+}
+
 // ---------------------------------------------------------------- key gradients (dk̃, dv, Ĝ)
 
 // Columns of dq̃ summed at once in the non-deterministic mode (bounds its accumulators, and with
@@ -844,11 +868,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     if (grads.qk_backward_fused) {
       store_qk_gradient_row<kW>(dk, r, scale, grads.qk_transform, s, lane.q, dqkv_row + head.channels);
     } else {
-      float* dk_row = grads.dk + head.statistic_index(s) * kW;
-#pragma unroll
-      for (int nb = 0; nb < kW / 8; ++nb)
-        *reinterpret_cast<float2*>(dk_row + lane.column(nb, 0)) =
-            make_float2(dk[nb][2 * r] * scale, dk[nb][2 * r + 1] * scale);
+      store_encoded_gradient_row<kW, kDv>(dk, r, scale, lane, grads.dk, grads.dk_bf16, head.statistic_index(s));
     }
     bf16* dv_row = dqkv_row + 2 * head.channels;
 #pragma unroll
@@ -1023,10 +1043,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
                                 grads.dqkv + (std::int64_t(head.b) * T + t) * head.row_stride + std::int64_t(head.h) * d);
       continue;
     }
-    float* dq_row = grads.dq + head.statistic_index(t) * kW;
-#pragma unroll
-    for (int nb = 0; nb < kW / 8; ++nb)
-      *reinterpret_cast<float2*>(dq_row + lane.column(nb, 0)) = make_float2(dq[nb][2 * r] * scale, dq[nb][2 * r + 1] * scale);
+    store_encoded_gradient_row<kW, kDv>(dq, r, scale, lane, grads.dq, grads.dq_bf16, head.statistic_index(t));
   }
 }
 
@@ -1111,6 +1128,10 @@ bool flash_attention_fuses_qk_backward(const AttentionDims& dims, const EncodedA
   return flash_attention_supports(dims, in) && deterministic && dims.qk_width == dims.head_dim && transform_fits;
 }
 
+bool flash_attention_rounds_encoded_gradients(const AttentionDims& dims, bool deterministic) {
+  return deterministic && dims.qk_width > dims.head_dim;
+}
+
 std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims) {
   return std::size_t(dims.batch) * dims.n_head * blocks_of(dims.seq_len) * dims.seq_len;
 }
@@ -1137,6 +1158,10 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
   if (!flash_attention_supports(dims, in) || !aligned16(grads.dout)) return cudaErrorInvalidValue;
   const bool bias_grad = grads.bias_grad != nullptr;
   if (bias_grad && (in.score.bias == nullptr || grads.bias_grad_partials == nullptr)) return cudaErrorInvalidValue;
+  const bool rounded = grads.dq_bf16 != nullptr || grads.dk_bf16 != nullptr;
+  if (rounded && (grads.dq_bf16 == nullptr || grads.dk_bf16 == nullptr || grads.qk_backward_fused ||
+                  !flash_attention_rounds_encoded_gradients(dims, grads.deterministic)))
+    return cudaErrorInvalidValue;
   cudaError_t status = attention_row_dot(dims, grads, stream);
   if (status != cudaSuccess) return status;
   status = with_widths(dims, [&](auto w, auto dv) {

@@ -30,6 +30,11 @@ bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention&
 cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAttention& in, __nv_bfloat16* out,
                                     float* lse, cudaStream_t stream);
 
+// True when flash_attention_backward can write dq̃ and dk̃ rounded to bf16
+// (AttentionGradients::dq_bf16, dk_bf16): in the deterministic mode, for q̃ wider than a head
+// (PoPE's 2d-wide features).
+bool flash_attention_rounds_encoded_gradients(const AttentionDims& dims, bool deterministic);
+
 // f32 scratch the bias gradient needs (grads.bias_grad_partials): one row of T lags per
 // (b·H + h, 64-key block).
 std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims);

@@ -99,9 +99,11 @@ template <int kGroup>
 __device__ void store_bf16(__nv_bfloat16* at, const Bf16Group<kGroup>& value) {
   *reinterpret_cast<Bf16Group<kGroup>*>(at) = value;
 }
-template <int kGroup>
-__device__ F32Group<kGroup> load_f32(const float* at) {
-  return *reinterpret_cast<const F32Group<kGroup>*>(at);
+// A group of an encoded row's gradient: f32, or bf16 where the fused attention rounded it
+// (AttentionGradients::dq_bf16); the kernels read either through get(k).
+template <int kGroup, class Grad>
+__device__ VectorGroup<Grad, kGroup> load_grad(const Grad* at) {
+  return *reinterpret_cast<const VectorGroup<Grad, kGroup>*>(at);
 }
 
 __device__ bool delta_applies(const QkTransformParams& transform, bool is_key) {
@@ -248,17 +250,17 @@ __device__ void copy_group(const AttentionDims& dims, const GroupSite& site, con
   for (int b = 0; b < site.sequences; ++b) store_bf16<kGroup>(y + b * step.encoded, load_bf16<kGroup>(x + b * step.qkv));
 }
 
-// The group's f32 gradients rounded into the dqkv columns of the site's sequences (the backward
+// The group's gradients rounded into the dqkv columns of the site's sequences (the backward
 // of copy_group).
-template <int kGroup>
-__device__ void round_group(const AttentionDims& dims, const GroupSite& site, const float* dy, __nv_bfloat16* dx) {
+template <int kGroup, class Grad>
+__device__ void round_group(const AttentionDims& dims, const GroupSite& site, const Grad* dy, __nv_bfloat16* dx) {
   const BatchStride step = batch_stride(dims);
 #pragma unroll 4
   for (int b = 0; b < site.sequences; ++b) {
-    const F32Group<kGroup> grad = load_f32<kGroup>(dy + b * step.encoded);
+    const auto grad = load_grad<kGroup>(dy + b * step.encoded);
     Bf16Group<kGroup> out;
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) out.set(k, grad.element[k]);
+    for (int k = 0; k < kGroup; ++k) out.set(k, grad.get(k));
     store_bf16<kGroup>(dx + b * step.qkv, out);
   }
 }
@@ -330,13 +332,13 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
   }
 }
 
-// blockIdx.y + first_side selects queries (0) or keys (1).
-template <int kGroup>
+// blockIdx.y + first_side selects queries (0) or keys (1). Grad: the encoded gradients' type.
+template <int kGroup, class Grad>
 __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
-                                          const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
+                                          const Grad* dq_encoded, const Grad* dk_encoded, __nv_bfloat16* dqkv,
                                           int first_side) {
   const bool is_key = int(blockIdx.y) + first_side == 1;
-  const float* dencoded = is_key ? dk_encoded : dq_encoded;
+  const Grad* dencoded = is_key ? dk_encoded : dq_encoded;
   const int d = dims.head_dim, pairs = transform.rotary_pairs;
   const BatchStride step = batch_stride(dims);
   const std::int64_t total = thread_count(dims, kGroup);
@@ -344,7 +346,7 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
        i += std::int64_t(gridDim.x) * blockDim.x) {
     const GroupSite site = site_of(i, dims, transform.position_offset, is_key, kGroup);
     const int c0 = site.c0;
-    const float* dy = dencoded + site.encoded + c0;
+    const Grad* dy = dencoded + site.encoded + c0;
     __nv_bfloat16* dx = dqkv + site.qkv + c0;
     PhaseRotation r[kGroup];
     switch (transform.kind) {
@@ -357,13 +359,13 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
           for (int k = 0; k < kGroup; ++k) r[k] = rope_phase_of(transform, site, c0 + k);
 #pragma unroll 4
           for (int b = 0; b < site.sequences; ++b) {
-            const float* dyb = dy + b * step.encoded;
-            const F32Group<kGroup> first = load_f32<kGroup>(dyb), second = load_f32<kGroup>(dyb + pairs);
+            const Grad* dyb = dy + b * step.encoded;
+            const auto first = load_grad<kGroup>(dyb), second = load_grad<kGroup>(dyb + pairs);
             Bf16Group<kGroup> out_first, out_second;
 #pragma unroll
             for (int k = 0; k < kGroup; ++k) {
               float da, db;
-              unrotate_pair(first.element[k], second.element[k], r[k], da, db);
+              unrotate_pair(first.get(k), second.get(k), r[k], da, db);
               out_first.set(k, da);
               out_second.set(k, db);
             }
@@ -380,12 +382,12 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
 #pragma unroll 4
         for (int b = 0; b < site.sequences; ++b) {
           const Bf16Group<kGroup> in = load_bf16<kGroup>(qkv + site.qkv + b * step.qkv + c0);
-          const float* dyb = dy + b * step.encoded;
-          const F32Group<kGroup> real = load_f32<kGroup>(dyb), imaginary = load_f32<kGroup>(dyb + d);
+          const Grad* dyb = dy + b * step.encoded;
+          const auto real = load_grad<kGroup>(dyb), imaginary = load_grad<kGroup>(dyb + d);
           Bf16Group<kGroup> out;
 #pragma unroll
           for (int k = 0; k < kGroup; ++k) {
-            const float dmu = pope_magnitude_grad(real.element[k], imaginary.element[k], r[k]);
+            const float dmu = pope_magnitude_grad(real.get(k), imaginary.get(k), r[k]);
             out.set(k, dmu * pope_magnitude_derivative(transform.magnitude, in.get(k)));
           }
           store_bf16<kGroup>(dx + b * step.qkv, out);
@@ -430,10 +432,10 @@ __host__ __device__ DeltaTiling delta_tiling(const AttentionDims& dims, int grou
 // a fixed tree into its (slice, chunk) partial sum; pope_delta_reduce_kernel adds those in
 // order. A summation order fixed by the sizes (and the group width) alone, so the result is the
 // same on every run. blockIdx.z = slice · slabs + slab.
-template <int kGroup>
+template <int kGroup, class Grad>
 __global__ void __launch_bounds__(kDeltaThreads)
     pope_delta_partial_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
-                              const float* dk_encoded, float* partials, __nv_bfloat16* dqkv) {
+                              const Grad* dk_encoded, float* partials, __nv_bfloat16* dqkv) {
   __shared__ float partial[kGroup][kDeltaThreads];  // [channel of the group][thread]: conflict-free rows
   const DeltaTiling tiling = delta_tiling(dims, kGroup);
   const int slot = int(threadIdx.x) % tiling.groups, row = int(threadIdx.x) / tiling.groups;
@@ -456,15 +458,14 @@ __global__ void __launch_bounds__(kDeltaThreads)
     for (int b = 0; b < site.sequences; ++b) {
       const std::int64_t key = site.qkv + b * step.qkv + c0;
       const Bf16Group<kGroup> x = load_bf16<kGroup>(qkv + key);
-      const float* dy = dk_encoded + site.encoded + b * step.encoded + c0;
-      const F32Group<kGroup> real = load_f32<kGroup>(dy), imaginary = load_f32<kGroup>(dy + d);
+      const Grad* dy = dk_encoded + site.encoded + b * step.encoded + c0;
+      const auto real = load_grad<kGroup>(dy), imaginary = load_grad<kGroup>(dy + d);
       Bf16Group<kGroup> dk;
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
         if (sums[k])
-          sum[k] += pope_phase_grad(pope_magnitude(transform.magnitude, x.get(k)), real.element[k],
-                                    imaginary.element[k], r[k]);
-        dk.set(k, pope_magnitude_grad(real.element[k], imaginary.element[k], r[k]) *
+          sum[k] += pope_phase_grad(pope_magnitude(transform.magnitude, x.get(k)), real.get(k), imaginary.get(k), r[k]);
+        dk.set(k, pope_magnitude_grad(real.get(k), imaginary.get(k), r[k]) *
                       pope_magnitude_derivative(transform.magnitude, x.get(k)));
       }
       if (dqkv != nullptr) store_bf16<kGroup>(dqkv + key, dk);
@@ -597,21 +598,42 @@ cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transf
   });
 }
 
-cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
-                               const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
-                               cudaStream_t stream) {
+namespace {
+
+template <class Grad>
+cudaError_t encode_qk_backward_from(const AttentionDims& dims, const QkTransformParams& transform,
+                                    const __nv_bfloat16* qkv, const Grad* dq_encoded, const Grad* dk_encoded,
+                                    __nv_bfloat16* dqkv, cudaStream_t stream) {
   const int sides = (dq_encoded != nullptr) + (dk_encoded != nullptr), first_side = dq_encoded != nullptr ? 0 : 1;
   if (nothing_to_do(dims) || sides == 0) return cudaSuccess;
   if (!threads_fit_32_bits(dims)) return cudaErrorInvalidValue;
-  if (transform.kind == QkTransformKind::pj_rotary)
-    return sides == 2 ? encode_pj_rotary_backward(dims, transform, dq_encoded, dk_encoded, dqkv, stream)
-                      : cudaErrorInvalidValue;
+  if (transform.kind == QkTransformKind::pj_rotary) {
+    if constexpr (std::is_same_v<Grad, float>) {
+      if (sides == 2) return encode_pj_rotary_backward(dims, transform, dq_encoded, dk_encoded, dqkv, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   return with_group(dims, transform, {qkv, dq_encoded, dk_encoded, dqkv}, [&](auto group) {
     constexpr int kGroup = decltype(group)::value;
-    encode_qk_backward_kernel<kGroup><<<dim3(grid_for(thread_count(dims, kGroup)), unsigned(sides)), kThreads, 0,
-                                        stream>>>(dims, transform, qkv, dq_encoded, dk_encoded, dqkv, first_side);
+    encode_qk_backward_kernel<kGroup, Grad><<<dim3(grid_for(thread_count(dims, kGroup)), unsigned(sides)), kThreads,
+                                              0, stream>>>(dims, transform, qkv, dq_encoded, dk_encoded, dqkv,
+                                                           first_side);
     return cudaGetLastError();
   });
+}
+
+}  // namespace
+
+cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                               const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
+                               cudaStream_t stream) {
+  return encode_qk_backward_from(dims, transform, qkv, dq_encoded, dk_encoded, dqkv, stream);
+}
+
+cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                               const __nv_bfloat16* dq_encoded, const __nv_bfloat16* dk_encoded, __nv_bfloat16* dqkv,
+                               cudaStream_t stream) {
+  return encode_qk_backward_from(dims, transform, qkv, dq_encoded, dk_encoded, dqkv, stream);
 }
 
 std::size_t phase_table_entries(const QkTransformParams& transform, int seq_len) {
@@ -633,9 +655,12 @@ std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims) {
   return std::size_t(tiling.chunks) * std::size_t(tiling.slices) * dims.n_head * dims.head_dim;
 }
 
-cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
-                                const float* dk_encoded, float* partials, float* delta_grad, __nv_bfloat16* dqkv,
-                                cudaStream_t stream) {
+namespace {
+
+template <class Grad>
+cudaError_t pope_delta_gradient_from(const AttentionDims& dims, const QkTransformParams& transform,
+                                     const __nv_bfloat16* qkv, const Grad* dk_encoded, float* partials,
+                                     float* delta_grad, __nv_bfloat16* dqkv, cudaStream_t stream) {
   if (transform.kind != QkTransformKind::pope || transform.delta == nullptr || partials == nullptr)
     return cudaErrorInvalidValue;
   if (nothing_to_do(dims)) return cudaSuccess;
@@ -648,8 +673,8 @@ cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformPara
     const DeltaTiling tiling = delta_tiling(dims, kGroup);
     if (tiling.chunks > 0x7fffffff || std::int64_t(tiling.slabs) * tiling.slices > 65535) return cudaErrorInvalidValue;
     const dim3 grid(unsigned(tiling.chunks), unsigned(dims.n_head), unsigned(tiling.slabs * tiling.slices));
-    pope_delta_partial_kernel<kGroup><<<grid, kDeltaThreads, 0, stream>>>(dims, transform, qkv, dk_encoded, partials,
-                                                                          dqkv);
+    pope_delta_partial_kernel<kGroup, Grad><<<grid, kDeltaThreads, 0, stream>>>(dims, transform, qkv, dk_encoded,
+                                                                                partials, dqkv);
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     const std::int64_t count = std::int64_t(dims.n_head) * dims.head_dim;
@@ -657,6 +682,20 @@ cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformPara
                                stream>>>(dims, tiling.chunks * tiling.slices, partials, delta_grad);
     return cudaGetLastError();
   });
+}
+
+}  // namespace
+
+cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                                const float* dk_encoded, float* partials, float* delta_grad, __nv_bfloat16* dqkv,
+                                cudaStream_t stream) {
+  return pope_delta_gradient_from(dims, transform, qkv, dk_encoded, partials, delta_grad, dqkv, stream);
+}
+
+cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                                const __nv_bfloat16* dk_encoded, float* partials, float* delta_grad,
+                                __nv_bfloat16* dqkv, cudaStream_t stream) {
+  return pope_delta_gradient_from(dims, transform, qkv, dk_encoded, partials, delta_grad, dqkv, stream);
 }
 
 }  // namespace pope::kernels

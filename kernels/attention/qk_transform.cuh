@@ -24,9 +24,13 @@ cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transf
 // Backward of encode_qk: OVERWRITES the q and k column blocks of dqkv with dL/dq, dL/dk
 // from the gradients of q̃ and k̃ (the v block is left alone). A null dq_encoded or dk_encoded
 // leaves its block alone too (written elsewhere, e.g. PoPE's keys by pope_delta_gradient);
-// PJ-rotary needs both.
+// PJ-rotary needs both, in f32. The gradients in f32 or, as the fused attention can leave them
+// (AttentionGradients::dq_bf16), in bf16.
 cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                                const float* dq_encoded, const float* dk_encoded, __nv_bfloat16* dqkv,
+                               cudaStream_t stream);
+cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                               const __nv_bfloat16* dq_encoded, const __nv_bfloat16* dk_encoded, __nv_bfloat16* dqkv,
                                cudaStream_t stream);
 
 // Entries of a call's phase table (QkTransformParams::phases): seq_len × RoPE's rotary pairs;
@@ -46,9 +50,13 @@ std::size_t pope_delta_gradient_partial_floats(const AttentionDims& dims);
 // per (chunk of positions, head) sums its positions over the batch into `partials`
 // (pope_delta_gradient_partial_floats), then one thread per (head, channel) adds the chunks
 // in chunk order. transform.delta must be set. With dqkv set, the same pass OVERWRITES its k
-// block with dL/dk, as encode_qk_backward would (call that one for the queries only).
+// block with dL/dk, as encode_qk_backward would (call that one for the queries only). dk̃ in
+// f32 or bf16.
 cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                                 const float* dk_encoded, float* partials, float* delta_grad, __nv_bfloat16* dqkv,
                                 cudaStream_t stream);
+cudaError_t pope_delta_gradient(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
+                                const __nv_bfloat16* dk_encoded, float* partials, float* delta_grad,
+                                __nv_bfloat16* dqkv, cudaStream_t stream);
 
 }  // namespace pope::kernels

@@ -408,7 +408,14 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   gradients.qk_backward_fused = args.impl == AttentionImpl::fused && flash &&
                                 kernels::flash_attention_fuses_qk_backward(dims, in, transform, args.deterministic);
   gradients.qk_transform = transform;
-  if (!gradients.qk_backward_fused) {
+  // Otherwise dq̃, dk̃ go through memory: in bf16 where the fused kernels allow (PoPE's 2d-wide
+  // features), else f32.
+  const bool rounded = args.impl == AttentionImpl::fused && flash && !gradients.qk_backward_fused &&
+                       kernels::flash_attention_rounds_encoded_gradients(dims, args.deterministic);
+  if (rounded) {
+    gradients.dq_bf16 = reserve_elements<__nv_bfloat16>(scratch_->dq, encoded);
+    gradients.dk_bf16 = reserve_elements<__nv_bfloat16>(scratch_->dk, encoded);
+  } else if (!gradients.qk_backward_fused) {
     gradients.dq = reserve_elements<float>(scratch_->dq, encoded);
     gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
   }
@@ -445,16 +452,21 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   // PoPE with δ: the pass that sums δ's gradient reads the keys' x, dk̃ and phases anyway and
   // writes their dL/dk too, so encode_qk_backward transforms the queries only.
   const bool keys_with_delta = transform.kind == QkTransformKind::pope && transform.delta != nullptr;
-  if (!gradients.qk_backward_fused)
-    POPE_CUDA_CHECK(kernels::encode_qk_backward(dims, transform, in.qkv, gradients.dq,
-                                                keys_with_delta ? nullptr : gradients.dk, gradients.dqkv, stream));
+  auto transform_backward = [&](const auto* dq, const auto* dk) {
+    POPE_CUDA_CHECK(
+        kernels::encode_qk_backward(dims, transform, in.qkv, dq, keys_with_delta ? nullptr : dk, gradients.dqkv, stream));
+    if (keys_with_delta) {
+      float* partials =
+          reserve_elements<float>(scratch_->delta_grad_partials, kernels::pope_delta_gradient_partial_floats(dims));
+      POPE_CUDA_CHECK(
+          kernels::pope_delta_gradient(dims, transform, in.qkv, dk, partials, grads.front(), gradients.dqkv, stream));
+    }
+  };
+  if (rounded)
+    transform_backward(gradients.dq_bf16, gradients.dk_bf16);
+  else if (!gradients.qk_backward_fused)
+    transform_backward(gradients.dq, gradients.dk);
   if (pj) POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, stream));
-  if (keys_with_delta) {
-    float* partials =
-        reserve_elements<float>(scratch_->delta_grad_partials, kernels::pope_delta_gradient_partial_floats(dims));
-    POPE_CUDA_CHECK(kernels::pope_delta_gradient(dims, transform, in.qkv, gradients.dk, partials, grads.front(),
-                                                 gradients.dqkv, stream));
-  }
 }
 
 }  // namespace pope::cuda

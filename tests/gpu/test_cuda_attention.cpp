@@ -21,6 +21,7 @@
 #include <memory>
 #include <ostream>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -429,13 +430,16 @@ KernelResult dense_reference(const KernelProblem& p) {
 // The fused kernels' forward and backward (with the bias gradient) on the device;
 // deterministic = false: dq̃ by atomic adds in the key kernel. With a q/k transform, its backward
 // fills dqkv's q and k blocks: in the kernels' epilogues (fuse_transform) or by
-// encode_qk_backward from dq̃, dk̃ afterwards.
+// encode_qk_backward from dq̃, dk̃ afterwards. round_encoded: dq̃, dk̃ written in bf16
+// (AttentionGradients::dq_bf16, dk_bf16; the f32 buffers stay poisoned) and returned as floats.
 KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true,
-                               const kernels::QkTransformParams* transform = nullptr, bool fuse_transform = false) {
+                               const kernels::QkTransformParams* transform = nullptr, bool fuse_transform = false,
+                               bool round_encoded = false) {
   const std::size_t C = p.channels();
   DeviceBuffer q(p.q.size() * 2), k(p.k.size() * 2), qkv(p.qkv.size() * 2), dout(p.dout.size() * 2);
   DeviceBuffer bias(p.bias.size() * 4), bias_grad(p.bias.size() * 4), out(p.dout.size() * 2), dqkv(p.qkv.size() * 2);
   DeviceBuffer lse(p.statistics() * 4), row_dot(p.statistics() * 4), dq(p.encoded() * 4), dk(p.encoded() * 4);
+  DeviceBuffer dq_bf16(p.encoded() * 2), dk_bf16(p.encoded() * 2);
   DeviceBuffer partials(kernels::flash_bias_grad_partial_floats(p.dims) * 4);
   DeviceBuffer slopes(std::max<std::size_t>(1, p.bias_slopes.size()) * 4);
   if (!p.bias_slopes.empty()) slopes.upload(p.bias_slopes.data());
@@ -445,7 +449,7 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
   dout.upload(to_bf16(p.dout).data());
   bias.upload(p.bias.data());
   bias_grad.upload(p.bias_grad_initial.data());
-  for (DeviceBuffer* b : {&out, &dqkv, &lse, &row_dot, &dq, &dk, &partials}) b->poison();
+  for (DeviceBuffer* b : {&out, &dqkv, &lse, &row_dot, &dq, &dk, &dq_bf16, &dk_bf16, &partials}) b->poison();
 
   kernels::EncodedAttention in;
   in.q = static_cast<const __nv_bfloat16*>(q.tensor(DType::bf16, {}).data);
@@ -474,6 +478,10 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
     grads.qk_backward_fused = true;
     grads.qk_transform = *transform;
   }
+  if (round_encoded) {
+    grads.dq_bf16 = static_cast<__nv_bfloat16*>(dq_bf16.tensor(DType::bf16, {}).data);
+    grads.dk_bf16 = static_cast<__nv_bfloat16*>(dk_bf16.tensor(DType::bf16, {}).data);
+  }
   POPE_CUDA_CHECK(kernels::flash_attention_backward(p.dims, in, grads, nullptr));
   if (transform != nullptr && !fuse_transform)
     POPE_CUDA_CHECK(kernels::encode_qk_backward(p.dims, *transform, in.qkv, grads.dq, grads.dk, grads.dqkv, nullptr));
@@ -492,10 +500,18 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
     std::copy_n(dqkv_values.begin() + std::ptrdiff_t(n * 3 * C + 2 * C), C, r.dv.begin() + std::ptrdiff_t(n * C));
   r.lse.resize(p.statistics());
   lse.download(r.lse.data());
-  r.dq.resize(p.encoded());
-  dq.download(r.dq.data());
-  r.dk.resize(p.encoded());
-  dk.download(r.dk.data());
+  if (round_encoded) {
+    staging.resize(p.encoded());
+    dq_bf16.download(staging.data());
+    r.dq = from_bf16(staging);
+    dk_bf16.download(staging.data());
+    r.dk = from_bf16(staging);
+  } else {
+    r.dq.resize(p.encoded());
+    dq.download(r.dq.data());
+    r.dk.resize(p.encoded());
+    dk.download(r.dk.data());
+  }
   r.bias_grad.resize(p.bias.size());
   bias_grad.download(r.bias_grad.data());
   return r;
@@ -622,6 +638,27 @@ TEST_F(CudaAttention, QkGradientsInTheEpilogueEqualTheSeparateBackwardBitwise) {
   EXPECT_FALSE(kernels::flash_attention_fuses_qk_backward(p.dims, in, identity, false)) << "atomic dq̃";
   EXPECT_FALSE(kernels::flash_attention_fuses_qk_backward(p.dims, in, half_rope, true)) << "half the channels";
   EXPECT_FALSE(kernels::flash_attention_fuses_qk_backward(p.dims, in, pope, true)) << "PoPE";
+}
+
+// dq̃, dk̃ written in bf16 (PoPE's 2d-wide features, W = 128, d = 64) are the f32 ones rounded,
+// bit for bit, at T a tile multiple and not, with dv and Ĝ unchanged; the f32 buffers are left
+// alone. Refused (an error, not wrong numbers) in the atomic mode and where W = d.
+TEST_F(CudaAttention, RoundedEncodedGradientsAreTheFloatOnesRounded) {
+  for (const int seq_len : {192, 131}) {
+    SCOPED_TRACE(fmt::format("T {}", seq_len));
+    const KernelProblem p = make_kernel_problem(2, seq_len, 3, 128, 64, 40u + unsigned(seq_len));
+    const KernelResult full = run_flash_kernels(p), rounded = run_flash_kernels(p, true, nullptr, false, true);
+    EXPECT_EQ(count_non_finite(rounded.dq), 0u) << "dq̃ has unwritten elements";
+    EXPECT_EQ(count_non_finite(rounded.dk), 0u) << "dk̃ has unwritten elements";
+    EXPECT_TRUE(bitwise_equal(rounded.dq, from_bf16(to_bf16(full.dq)))) << "dq̃";
+    EXPECT_TRUE(bitwise_equal(rounded.dk, from_bf16(to_bf16(full.dk)))) << "dk̃";
+    EXPECT_TRUE(bitwise_equal(rounded.dv, full.dv));
+    EXPECT_TRUE(bitwise_equal(rounded.bias_grad, full.bias_grad));
+  }
+  EXPECT_THROW(run_flash_kernels(make_kernel_problem(1, 64, 1, 128, 64, 3u), false, nullptr, false, true), std::runtime_error)
+      << "atomic mode";
+  EXPECT_THROW(run_flash_kernels(make_kernel_problem(1, 64, 1, 64, 64, 3u), true, nullptr, false, true), std::runtime_error)
+      << "W = d";
 }
 
 TEST_F(CudaAttention, FlashBackwardIsBitwiseDeterministic) {

@@ -9,6 +9,8 @@
 //   accumulates dL/dδ = Σ over batch and positions of the keys' phase gradients (against a double
 //   sum on the host), none for δ outside [−2π, 0]. The tolerance, 1e-4 of Σ|term|, is 13× below
 //   one average term (B·T = 770 of them), so a wrong, missing or doubled (b, t) term fails it.
+//   Both take dq̃, dk̃ in bf16 too (as the fused attention leaves PoPE's) and give bit for bit
+//   what they give from the same values in f32.
 // Reports SKIPPED without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -131,7 +133,8 @@ TEST(CudaQkTransform, PopeKernelsMatchTheHostOverBatchSlices) {
     for (float& v : delta_values) v = -std::fabs(v);  // mostly inside [−2π, 0], some past −2π
     delta_values[1] = 0.5f;                           // above the range too
     const OwnedTensor qkv = test::make_tensor(*gpu, {rows, 3 * C}, DType::bf16, qkv_values);
-    const OwnedTensor dq = test::make_tensor(*gpu, {encoded}, DType::f32, test::random_bf16_values(encoded, 8));
+    const std::vector<float> dq_values = test::random_bf16_values(encoded, 8);
+    const OwnedTensor dq = test::make_tensor(*gpu, {encoded}, DType::f32, dq_values);
     const OwnedTensor dk = test::make_tensor(*gpu, {encoded}, DType::f32, dk_values);
     const OwnedTensor delta = test::make_tensor(*gpu, {H * d}, DType::f32, delta_values);
     const std::vector<double> omega = frequencies_of(d);
@@ -166,9 +169,31 @@ TEST(CudaQkTransform, PopeKernelsMatchTheHostOverBatchSlices) {
                                                  static_cast<float*>(partials.tensor.data),
                                                  static_cast<float*>(delta_grad.tensor.data), bf16_data(by_delta),
                                                  nullptr));
+    // The same gradients in bf16 (the values are bf16 numbers) through the bf16 entry points.
+    const OwnedTensor dq_bf16 = test::make_tensor(*gpu, {encoded}, DType::bf16, dq_values);
+    const OwnedTensor dk_bf16 = test::make_tensor(*gpu, {encoded}, DType::bf16, dk_values);
+    const OwnedTensor by_encode_bf16 = allocate_tensor(*gpu, {rows, 3 * C}, DType::bf16);
+    const OwnedTensor by_delta_bf16 = allocate_tensor(*gpu, {rows, 3 * C}, DType::bf16);
+    const OwnedTensor delta_grad_bf16 =
+        test::make_tensor(*gpu, {H * d}, DType::f32, std::vector<float>(std::size_t(H) * d, 1.0f));
+    test::poison(*gpu, by_encode_bf16.tensor);
+    test::poison(*gpu, by_delta_bf16.tensor);
+    gpu->synchronize();
+    POPE_CUDA_CHECK(kernels::encode_qk_backward(dims, plan, source, bf16_data(dq_bf16), bf16_data(dk_bf16),
+                                                bf16_data(by_encode_bf16), nullptr));
+    POPE_CUDA_CHECK(kernels::encode_qk_backward(dims, plan, source, bf16_data(dq_bf16), nullptr,
+                                                bf16_data(by_delta_bf16), nullptr));
+    POPE_CUDA_CHECK(kernels::pope_delta_gradient(dims, plan, source, bf16_data(dk_bf16),
+                                                 static_cast<float*>(partials.tensor.data),
+                                                 static_cast<float*>(delta_grad_bf16.tensor.data),
+                                                 bf16_data(by_delta_bf16), nullptr));
     POPE_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<double> from_encode = test::download(*gpu, by_encode.tensor);
     EXPECT_TRUE(same_numbers(from_encode, test::download(*gpu, by_delta.tensor))) << "dq, dk";
+    EXPECT_TRUE(same_numbers(from_encode, test::download(*gpu, by_encode_bf16.tensor))) << "dq, dk from bf16";
+    EXPECT_TRUE(same_numbers(from_encode, test::download(*gpu, by_delta_bf16.tensor))) << "dq, dk from bf16, δ pass";
+    EXPECT_TRUE(same_numbers(test::download(*gpu, delta_grad.tensor), test::download(*gpu, delta_grad_bf16.tensor)))
+        << "dδ from bf16";
     std::size_t written = 0;  // the q and k blocks of every row, the v block left alone
     for (double v : from_encode) written += std::isnan(v) ? 0 : 1;
     EXPECT_EQ(written, std::size_t(rows * 2 * C));
