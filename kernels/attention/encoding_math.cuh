@@ -51,8 +51,9 @@ __device__ inline void unrotate_pair(float grad_a, float grad_b, PhaseRotation r
 // instructions spent per element here, not by memory, and those spend two full-range exponentials
 // and a full log1pf. log1p(t) is a series for t ≤ 1/8 (eight terms: the first left out is below
 // 2e−8 of the sum) and above it the hardware log2 of u = 1 + t, corrected for the rounding of u
-// by (t − (u − 1)) / u; relative error below 4e−6 over the whole float range (tested against
-// double precision). For x below ~−87 t underflows and softplus returns 0 where e^x is subnormal.
+// by (t − (u − 1)) / u; relative error below 4e−6 (tested against double precision over
+// [−30, 30] and out to ±80). For x below ~−87 t underflows and softplus returns 0 where e^x is
+// subnormal.
 struct SoftplusParts {
   float value;
   float derivative;
