@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# A change against its base in one call on the GPU machine, the way docs/benchmarks.md compares
+# kernels: the working tree ("new") and a copy of it with PATCH reversed ("base") are built side
+# by side; then optionally the GPU tests on new; then Nsight Compute's time of every kernel of one
+# attention forward+backward per encoding at the 124M training shape, on both trees; then
+# `pope-bench train` per encoding, the trees alternating within each round so that drifting
+# clocks touch both alike. A short table last.
+#
+# Usage: scripts/ab_gpu.sh PATCH
+#   PATCH: the change as a patch against the working tree's base, made on the development machine,
+#   e.g. `git diff main > build/ab/change.patch` (carry build/ab to the GPU machine).
+# Env:   OUT        logs and JSON (default /tmp/pope_ab)
+#        ENCODINGS  model.position.kind values to time (default "rope pope")
+#        ROUNDS     pope-bench rounds (default 2)
+#        CONFIG     pope-bench config (default owt_124m), MICRO its micro-batch (default 32)
+#        TESTS=1    run pope_gpu_tests (without the NCCL ones) on new first
+#        NCU=0      skip the Nsight Compute tables (they need ncu on PATH)
+#        JOBS       build jobs per tree (default: half the cores)
+#        POPE_BENCH_DEVICE=cpu POPE_BENCH_TINY=1   a dry run of the script without a GPU (tiny
+#                   shapes, no ncu); CMAKE_ARGS="-DPOPE_ENABLE_CUDA=OFF" builds CPU-only trees
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+PATCH="${1:?usage: scripts/ab_gpu.sh PATCH (a patch of the change against its base)}"
+[ -f "$PATCH" ] || { echo "ab_gpu.sh: patch '$PATCH' not found" >&2; exit 2; }
+PATCH="$(cd "$(dirname "$PATCH")" && pwd)/$(basename "$PATCH")"
+LOGS="${OUT:-/tmp/pope_ab}"
+ENCODINGS="${ENCODINGS:-rope pope}"
+ROUNDS="${ROUNDS:-2}"
+CONFIG="${CONFIG:-owt_124m}"
+MICRO="${MICRO:-32}"
+DEVICE="${POPE_BENCH_DEVICE:-cuda}"
+JOBS="${JOBS:-$(( ($(nproc) + 1) / 2 ))}"
+export PATH="/opt/torch/.venv/bin:$PATH"
+mkdir -p "$LOGS"
+
+STEPS=(--steps 10 --warmup 3)
+SHAPE=(--set train.micro_batch_size="$MICRO" --set train.batch_size="$MICRO" --set train.seq_len=1024)
+if [ "${POPE_BENCH_TINY:-0}" = 1 ]; then
+  STEPS=(--steps 1 --warmup 0)
+  SHAPE=(--set model.n_layer=1 --set model.n_embd=64 --set model.n_head=2 --set train.seq_len=32
+         --set train.micro_batch_size=2 --set train.batch_size=2 --set train.threads=2)
+fi
+
+# The base tree: this tree's sources (not its builds, data or .git) with the change taken out.
+base_src=build/ab_base_src
+rm -rf "$base_src" && mkdir -p "$base_src"
+tar --exclude=./build --exclude=./.git --exclude=./data -cf - . | tar -xf - -C "$base_src"
+if ! (cd "$base_src" && patch -R -p1 -s --dry-run <"$PATCH" >/dev/null && patch -R -p1 -s <"$PATCH"); then
+  echo "ab_gpu.sh: $PATCH does not reverse cleanly out of this tree (was it made against its base?)" >&2
+  exit 2
+fi
+
+build() {  # build DIR SOURCE TARGET...
+  local dir=$1 src=$2 name
+  name=$(basename "$dir")
+  shift 2
+  if [ ! -f "$dir/build.ninja" ]; then
+    # shellcheck disable=SC2086  # CMAKE_ARGS holds several arguments
+    cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >"$LOGS/configure_$name.log" 2>&1 ||
+      { echo "configure failed ($dir):"; tail -20 "$LOGS/configure_$name.log"; return 1; }
+  fi
+  cmake --build "$dir" -j "$JOBS" --target "$@" >"$LOGS/build_$name.log" 2>&1 ||
+    { echo "build failed ($dir):"; grep -E "error|FAILED" "$LOGS/build_$name.log" | head -20; return 1; }
+}
+new_targets=(pope-bench)
+[ "${TESTS:-0}" = 1 ] && new_targets+=(pope_gpu_tests)
+build build/ab_new . "${new_targets[@]}" & new_build=$!
+build build/ab_base "$base_src" pope-bench & base_build=$!
+wait $new_build || exit 1
+wait $base_build || exit 1
+declare -A BENCH=([base]=build/ab_base/src/pope-bench [new]=build/ab_new/src/pope-bench)
+
+tests_summary="not run"
+if [ "${TESTS:-0}" = 1 ]; then
+  build/ab_new/tests/pope_gpu_tests --gtest_filter='-*Nccl*' >"$LOGS/gpu_tests.log" 2>&1
+  tests_summary="$(grep -E '^\[  (PASSED|FAILED)  \]' "$LOGS/gpu_tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$LOGS/gpu_tests.log" | head -20
+fi
+
+# Nsight Compute: mean µs per kernel name over one warmup and two timed f+b calls.
+kernel_tables=""
+if [ "${NCU:-1}" = 1 ] && [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
+  for encoding in $ENCODINGS; do
+    for tree in base new; do
+      ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw "${BENCH[$tree]}" attention \
+        --encodings "$encoding" --lengths 1024 --tokens $((MICRO * 1024)) --warmup 1 --repeats 2 \
+        >"$LOGS/ncu_${encoding}_$tree.csv" 2>"$LOGS/ncu_${encoding}_$tree.err"
+    done
+    kernel_tables+="$(python3 - "$LOGS/ncu_${encoding}_base.csv" "$LOGS/ncu_${encoding}_new.csv" "$encoding" <<'PY'
+import collections, csv, io, re, sys
+
+def kernel_means(path):
+    text = open(path).read()
+    if '"ID"' not in text:
+        return {}  # ncu failed: its .err file beside the CSV says why
+    rows = list(csv.reader(io.StringIO(text[text.find('"ID"'):])))
+    name, duration = rows[0].index("Kernel Name"), rows[0].index("gpu__time_duration.sum")
+    unit = rows[1][duration]  # nanoseconds or microseconds
+    times = collections.defaultdict(list)
+    for row in rows[2:]:
+        value = float(row[duration].replace(",", ""))
+        kernel = re.sub(r"^(void )?(unnamed>::)?", "", row[name].split("(")[0])  # ncu's "void unnamed>::k<…>"
+        times[kernel].append(value / 1000 if unit.startswith("n") else value)
+    return {k: sum(v) / len(v) for k, v in times.items()}
+
+base, new = kernel_means(sys.argv[1]), kernel_means(sys.argv[2])
+print(f"\n| {sys.argv[3]} kernel (µs per call) | base | new |\n|---|---:|---:|")
+for kernel in sorted(set(base) | set(new)):
+    cell = lambda table: f"{table[kernel]:.1f}" if kernel in table else "–"
+    print(f"| `{kernel}` | {cell(base)} | {cell(new)} |")
+print(f"| all | {sum(base.values()):.1f} | {sum(new.values()):.1f} |")
+PY
+)"
+  done
+fi
+
+declare -A RESULTS
+for round in $(seq 1 "$ROUNDS"); do
+  for encoding in $ENCODINGS; do
+    for tree in base new; do
+      json="$LOGS/train_${encoding}_${tree}_$round.json"
+      "${BENCH[$tree]}" train --config "$CONFIG" --device "$DEVICE" "${STEPS[@]}" "${SHAPE[@]}" \
+        --set model.position.kind="$encoding" --json "$json" >"${json%.json}.txt" 2>&1 ||
+        { echo "pope-bench $tree $encoding failed:"; tail -5 "${json%.json}.txt"; }
+      value=$(python3 -c "import json, sys; print(f\"{json.load(open(sys.argv[1]))['tokens_per_second']:,.0f}\")" \
+        "$json" 2>/dev/null || echo failed)
+      RESULTS["$encoding $tree"]+="${RESULTS["$encoding $tree"]:+ · }$value"
+    done
+  done
+done
+
+echo "$kernel_tables"
+echo
+echo "| pope-bench train $CONFIG, tok/s per round | base | new |"
+echo "|---|---|---|"
+for encoding in $ENCODINGS; do echo "| $encoding | ${RESULTS["$encoding base"]} | ${RESULTS["$encoding new"]} |"; done
+echo "| GPU tests on new | $tests_summary | |"
