@@ -20,9 +20,18 @@
 #                   shapes, no ncu); CMAKE_ARGS="-DPOPE_ENABLE_CUDA=OFF" builds CPU-only trees
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-PATCH="${1:?usage: scripts/ab_gpu.sh PATCH (a patch of the change against its base)}"
+if [ $# -ne 1 ]; then
+  echo "usage: scripts/ab_gpu.sh PATCH (one patch of the change against its base; got $# arguments)" >&2
+  exit 2
+fi
+PATCH="$1"
 [ -f "$PATCH" ] || { echo "ab_gpu.sh: patch '$PATCH' not found" >&2; exit 2; }
 PATCH="$(cd "$(dirname "$PATCH")" && pwd)/$(basename "$PATCH")"
+# Checked against this tree before anything is copied, built or written.
+if ! patch -R -p1 -s -f --dry-run <"$PATCH" >/dev/null 2>&1; then
+  echo "ab_gpu.sh: $PATCH does not reverse cleanly out of this tree (make it with git diff BASE, against this tree's base)" >&2
+  exit 2
+fi
 LOGS="${OUT:-/tmp/pope_ab}"
 ENCODINGS="${ENCODINGS:-rope pope}"
 ROUNDS="${ROUNDS:-2}"
@@ -45,10 +54,7 @@ fi
 base_src=build/ab_base_src
 rm -rf "$base_src" && mkdir -p "$base_src"
 tar --exclude=./build --exclude=./.git --exclude=./data -cf - . | tar -xf - -C "$base_src"
-if ! (cd "$base_src" && patch -R -p1 -s --dry-run <"$PATCH" >/dev/null && patch -R -p1 -s <"$PATCH"); then
-  echo "ab_gpu.sh: $PATCH does not reverse cleanly out of this tree (was it made against its base?)" >&2
-  exit 2
-fi
+(cd "$base_src" && patch -R -p1 -s -f <"$PATCH") || { echo "ab_gpu.sh: reversing $PATCH in $base_src failed" >&2; exit 1; }
 
 build() {  # build DIR SOURCE TARGET...
   local dir=$1 src=$2 name
