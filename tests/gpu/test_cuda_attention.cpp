@@ -431,7 +431,7 @@ KernelResult dense_reference(const KernelProblem& p) {
 // deterministic = false: dq̃ by atomic adds in the key kernel. With a q/k transform, its backward
 // fills dqkv's q and k blocks: in the kernels' epilogues (fuse_transform) or by
 // encode_qk_backward from dq̃, dk̃ afterwards. round_encoded: dq̃, dk̃ written in bf16
-// (AttentionGradients::dq_bf16, dk_bf16; the f32 buffers stay poisoned) and returned as floats.
+// (AttentionGradients::dq_bf16, dk_bf16) and returned as floats.
 KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true,
                                const kernels::QkTransformParams* transform = nullptr, bool fuse_transform = false,
                                bool round_encoded = false) {
@@ -641,8 +641,8 @@ TEST_F(CudaAttention, QkGradientsInTheEpilogueEqualTheSeparateBackwardBitwise) {
 }
 
 // dq̃, dk̃ written in bf16 (PoPE's 2d-wide features, W = 128, d = 64) are the f32 ones rounded,
-// bit for bit, at T a tile multiple and not, with dv and Ĝ unchanged; the f32 buffers are left
-// alone. Refused (an error, not wrong numbers) in the atomic mode and where W = d.
+// bit for bit, at T a tile multiple and not, with dv and Ĝ unchanged. Refused (an error, not
+// wrong numbers) in the atomic mode and where W = d.
 TEST_F(CudaAttention, RoundedEncodedGradientsAreTheFloatOnesRounded) {
   for (const int seq_len : {192, 131}) {
     SCOPED_TRACE(fmt::format("T {}", seq_len));
