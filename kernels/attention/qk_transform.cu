@@ -91,19 +91,15 @@ __device__ GroupSite site_of(std::int64_t index, const AttentionDims& dims, int 
                  int(site - head_row * groups) * group);
 }
 
-template <int kGroup>
-__device__ Bf16Group<kGroup> load_bf16(const __nv_bfloat16* at) {
-  return *reinterpret_cast<const Bf16Group<kGroup>*>(at);
+// The kGroup values at `at`: bf16 inputs, or an encoded row's gradient in f32 or bf16 (where
+// the fused attention rounded it, AttentionGradients::dq_bf16); read through get(k) alike.
+template <int kGroup, class Element>
+__device__ VectorGroup<Element, kGroup> load_group_at(const Element* at) {
+  return *reinterpret_cast<const VectorGroup<Element, kGroup>*>(at);
 }
 template <int kGroup>
 __device__ void store_bf16(__nv_bfloat16* at, const Bf16Group<kGroup>& value) {
   *reinterpret_cast<Bf16Group<kGroup>*>(at) = value;
-}
-// A group of an encoded row's gradient: f32, or bf16 where the fused attention rounded it
-// (AttentionGradients::dq_bf16); the kernels read either through get(k).
-template <int kGroup, class Grad>
-__device__ VectorGroup<Grad, kGroup> load_grad(const Grad* at) {
-  return *reinterpret_cast<const VectorGroup<Grad, kGroup>*>(at);
 }
 
 __device__ bool delta_applies(const QkTransformParams& transform, bool is_key) {
@@ -247,7 +243,7 @@ __device__ void copy_group(const AttentionDims& dims, const GroupSite& site, con
                            __nv_bfloat16* y) {
   const BatchStride step = batch_stride(dims);
 #pragma unroll 4
-  for (int b = 0; b < site.sequences; ++b) store_bf16<kGroup>(y + b * step.encoded, load_bf16<kGroup>(x + b * step.qkv));
+  for (int b = 0; b < site.sequences; ++b) store_bf16<kGroup>(y + b * step.encoded, load_group_at<kGroup>(x + b * step.qkv));
 }
 
 // The group's gradients rounded into the dqkv columns of the site's sequences (the backward
@@ -257,7 +253,7 @@ __device__ void round_group(const AttentionDims& dims, const GroupSite& site, co
   const BatchStride step = batch_stride(dims);
 #pragma unroll 4
   for (int b = 0; b < site.sequences; ++b) {
-    const auto grad = load_grad<kGroup>(dy + b * step.encoded);
+    const auto grad = load_group_at<kGroup>(dy + b * step.encoded);
     Bf16Group<kGroup> out;
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) out.set(k, grad.get(k));
@@ -294,7 +290,7 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
 #pragma unroll 4
           for (int b = 0; b < site.sequences; ++b) {
             const __nv_bfloat16* xb = x + b * step.qkv;
-            const Bf16Group<kGroup> first = load_bf16<kGroup>(xb), second = load_bf16<kGroup>(xb + pairs);
+            const Bf16Group<kGroup> first = load_group_at<kGroup>(xb), second = load_group_at<kGroup>(xb + pairs);
             Bf16Group<kGroup> out_first, out_second;
 #pragma unroll
             for (int k = 0; k < kGroup; ++k) {
@@ -315,7 +311,7 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
         for (int k = 0; k < kGroup; ++k) r[k] = pope_phase_of(transform, site, is_key, dims, c0 + k);
 #pragma unroll 4
         for (int b = 0; b < site.sequences; ++b) {
-          const Bf16Group<kGroup> in = load_bf16<kGroup>(x + b * step.qkv);
+          const Bf16Group<kGroup> in = load_group_at<kGroup>(x + b * step.qkv);
           Bf16Group<kGroup> real, imaginary;
 #pragma unroll
           for (int k = 0; k < kGroup; ++k) {
@@ -360,7 +356,7 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
 #pragma unroll 4
           for (int b = 0; b < site.sequences; ++b) {
             const Grad* dyb = dy + b * step.encoded;
-            const auto first = load_grad<kGroup>(dyb), second = load_grad<kGroup>(dyb + pairs);
+            const auto first = load_group_at<kGroup>(dyb), second = load_group_at<kGroup>(dyb + pairs);
             Bf16Group<kGroup> out_first, out_second;
 #pragma unroll
             for (int k = 0; k < kGroup; ++k) {
@@ -381,9 +377,9 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
         for (int k = 0; k < kGroup; ++k) r[k] = pope_phase_of(transform, site, is_key, dims, c0 + k);
 #pragma unroll 4
         for (int b = 0; b < site.sequences; ++b) {
-          const Bf16Group<kGroup> in = load_bf16<kGroup>(qkv + site.qkv + b * step.qkv + c0);
+          const Bf16Group<kGroup> in = load_group_at<kGroup>(qkv + site.qkv + b * step.qkv + c0);
           const Grad* dyb = dy + b * step.encoded;
-          const auto real = load_grad<kGroup>(dyb), imaginary = load_grad<kGroup>(dyb + d);
+          const auto real = load_group_at<kGroup>(dyb), imaginary = load_group_at<kGroup>(dyb + d);
           Bf16Group<kGroup> out;
 #pragma unroll
           for (int k = 0; k < kGroup; ++k) {
@@ -457,9 +453,9 @@ __global__ void __launch_bounds__(kDeltaThreads)
 #pragma unroll 4
     for (int b = 0; b < site.sequences; ++b) {
       const std::int64_t key = site.qkv + b * step.qkv + c0;
-      const Bf16Group<kGroup> x = load_bf16<kGroup>(qkv + key);
+      const Bf16Group<kGroup> x = load_group_at<kGroup>(qkv + key);
       const Grad* dy = dk_encoded + site.encoded + b * step.encoded + c0;
-      const auto real = load_grad<kGroup>(dy), imaginary = load_grad<kGroup>(dy + d);
+      const auto real = load_group_at<kGroup>(dy), imaginary = load_group_at<kGroup>(dy + d);
       Bf16Group<kGroup> dk;
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
