@@ -42,13 +42,9 @@ JOBS="${JOBS:-$(( ($(nproc) + 1) / 2 ))}"
 export PATH="/opt/torch/.venv/bin:$PATH"
 mkdir -p "$LOGS"
 
-STEPS=(--steps 10 --warmup 3)
-SHAPE=(--set train.micro_batch_size="$MICRO" --set train.batch_size="$MICRO" --set train.seq_len=1024)
-if [ "${POPE_BENCH_TINY:-0}" = 1 ]; then
-  STEPS=(--steps 1 --warmup 0)
-  SHAPE=(--set model.n_layer=1 --set model.n_embd=64 --set model.n_head=2 --set train.seq_len=32
-         --set train.micro_batch_size=2 --set train.batch_size=2 --set train.threads=2)
-fi
+# shellcheck source=scripts/bench_steps.sh
+source scripts/bench_steps.sh  # BENCH_STEPS, BENCH_TINY
+SHAPE=(--set train.micro_batch_size="$MICRO" --set train.batch_size="$MICRO" --set train.seq_len=1024 "${BENCH_TINY[@]}")
 
 # The base tree: this tree's sources (not its builds, data or .git) with the change taken out.
 base_src=build/ab_base_src
@@ -125,7 +121,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for encoding in $ENCODINGS; do
     for tree in base new; do
       json="$LOGS/train_${encoding}_${tree}_$round.json"
-      "${BENCH[$tree]}" train --config "$CONFIG" --device "$DEVICE" "${STEPS[@]}" "${SHAPE[@]}" \
+      "${BENCH[$tree]}" train --config "$CONFIG" --device "$DEVICE" "${BENCH_STEPS[@]}" "${SHAPE[@]}" \
         --set model.position.kind="$encoding" --json "$json" >"${json%.json}.txt" 2>&1 ||
         { echo "pope-bench $tree $encoding failed:"; tail -5 "${json%.json}.txt"; }
       value=$(python3 -c "import json, sys; print(f\"{json.load(open(sys.argv[1]))['tokens_per_second']:,.0f}\")" \

@@ -19,7 +19,7 @@
 #        PYTHON       python with torch for the oracle and the anchor (default python3 on PATH)
 #        SKIP_ANCHOR=1  leave out the anchor (it spends most of its time in torch.compile)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 LOGS="${OUT:-/tmp/pope_bench_gpu}"
 BUILD="${BUILD:-build/gpu}"
 DEVICE="${POPE_BENCH_DEVICE:-cuda}"
@@ -28,13 +28,8 @@ export PATH="/opt/torch/.venv/bin:$PATH"
 PYTHON="${PYTHON:-python3}"  # the one with torch (on the GPU machine: /opt/torch/.venv/bin/python3)
 BENCH="$BUILD/src/pope-bench"
 
-STEPS=10 WARMUP=3
-SHRINK=()  # extra overrides of the tiny dry run: later --set values win
-if [ "${POPE_BENCH_TINY:-0}" = 1 ]; then
-  STEPS=1 WARMUP=0
-  SHRINK=(--set model.n_layer=1 --set model.n_embd=64 --set model.n_head=2 --set train.seq_len=32
-          --set train.micro_batch_size=2 --set train.batch_size=2 --set train.threads=2)
-fi
+# shellcheck source=scripts/bench_steps.sh
+source scripts/bench_steps.sh  # BENCH_STEPS, BENCH_TINY
 
 if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
@@ -59,9 +54,9 @@ for entry in "${CONFIGS[@]}"; do
     profile=()
     [ "$size/$pos" = 124m/pope ] && profile=(--profile)
     log="$LOGS/pope_${size}_${pos}"
-    "$BENCH" train --config "$config" --device "$DEVICE" --steps "$STEPS" --warmup "$WARMUP" "${profile[@]}" \
+    "$BENCH" train --config "$config" --device "$DEVICE" "${BENCH_STEPS[@]}" "${profile[@]}" \
       --set model.position.kind="$pos" --set train.micro_batch_size="$micro" --set train.batch_size="$micro" \
-      --set train.seq_len=1024 "${SHRINK[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
+      --set train.seq_len=1024 "${BENCH_TINY[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
       { echo "pope-bench $size $pos failed:"; tail -5 "$log.txt"; }
     [ ${#profile[@]} -gt 0 ] && cat "$log.txt"
   done
@@ -69,17 +64,17 @@ done
 
 # 1b: activation recompute lets 774M take twice the micro-batch (peak memory in the JSON).
 log="$LOGS/pope_774m_rope_recompute"
-"$BENCH" train --config owt_774m --device "$DEVICE" --steps "$STEPS" --warmup "$WARMUP" \
+"$BENCH" train --config owt_774m --device "$DEVICE" "${BENCH_STEPS[@]}" \
   --set model.position.kind=rope --set train.micro_batch_size=32 --set train.batch_size=32 --set train.seq_len=1024 \
-  --set train.activation_recompute=true "${SHRINK[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
+  --set train.activation_recompute=true "${BENCH_TINY[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
   { echo "pope-bench 774m recompute failed:"; tail -5 "$log.txt"; }
 
 # 1c: the attention backward with atomic dq (train.deterministic=false), 124M RoPE and PoPE.
 for pos in rope pope; do
   log="$LOGS/pope_124m_${pos}_atomic_dq"
-  "$BENCH" train --config owt_124m --device "$DEVICE" --steps "$STEPS" --warmup "$WARMUP" \
+  "$BENCH" train --config owt_124m --device "$DEVICE" "${BENCH_STEPS[@]}" \
     --set model.position.kind="$pos" --set train.micro_batch_size=32 --set train.batch_size=32 --set train.seq_len=1024 \
-    --set train.deterministic=false "${SHRINK[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
+    --set train.deterministic=false "${BENCH_TINY[@]}" --json "$log.json" >"$log.txt" 2>&1 ||
     { echo "pope-bench 124m $pos atomic dq failed:"; tail -5 "$log.txt"; }
 done
 
@@ -91,7 +86,7 @@ for pos in nope rope pope alibi; do
   [ "$pos" = pope ] && extra=(--set model.position.pope.delta_init=uniform)
   if "$BENCH" train --config owt_124m --device "$DEVICE" --dump-step "$dump" --set model.position.kind="$pos" \
       --set model.n_layer=2 --set train.micro_batch_size=4 --set train.batch_size=4 --set train.seq_len=256 \
-      "${SHRINK[@]}" "${extra[@]}" >"$LOGS/dump_$pos.log" 2>&1; then
+      "${BENCH_TINY[@]}" "${extra[@]}" >"$LOGS/dump_$pos.log" 2>&1; then
     "$PYTHON" scripts/reference/torch_gpt.py "$dump" --device "$DEVICE" >"$LOGS/oracle_$pos.txt" 2>&1
     case $? in
       0) verdict="pass" ;; 77) verdict="skipped (no torch)" ;; *) verdict="FAIL" ;;

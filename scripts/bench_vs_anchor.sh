@@ -34,13 +34,8 @@ BENCH="$BUILD/src/pope-bench"
 [ -x "$BENCH" ] || { echo "bench_vs_anchor.sh: $BENCH not found; build it first (ninja -C $BUILD pope-bench)" >&2; exit 2; }
 mkdir -p "$LOGS"
 
-STEPS=(--steps 10 --warmup 3)
-TINY=()
-if [ "${POPE_BENCH_TINY:-0}" = 1 ]; then
-  STEPS=(--steps 1 --warmup 0)
-  TINY=(--set model.n_layer=1 --set model.n_embd=64 --set model.n_head=2 --set train.seq_len=32
-        --set train.micro_batch_size=2 --set train.batch_size=2 --set train.threads=2)
-fi
+# shellcheck source=scripts/bench_steps.sh
+source scripts/bench_steps.sh  # BENCH_STEPS, BENCH_TINY
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -49,8 +44,8 @@ for round in $(seq 1 "$ROUNDS"); do
     [ "$size" = 774m ] && micro=16 anchor_arg=train774
     for pos in rope pope; do
       json="$LOGS/ours_${size}_${pos}_$round.json"
-      "$BENCH" train --config "owt_$size" --device "$DEVICE" "${STEPS[@]}" --set model.position.kind="$pos" \
-        --set train.micro_batch_size="$micro" --set train.batch_size="$micro" --set train.seq_len=1024 "${TINY[@]}" \
+      "$BENCH" train --config "owt_$size" --device "$DEVICE" "${BENCH_STEPS[@]}" --set model.position.kind="$pos" \
+        --set train.micro_batch_size="$micro" --set train.batch_size="$micro" --set train.seq_len=1024 "${BENCH_TINY[@]}" \
         --json "$json" >"${json%.json}.txt" 2>&1 || { echo "pope-bench $size $pos failed:"; tail -5 "${json%.json}.txt"; }
     done
     anchor="$LOGS/anchor_${size}_$round.jsonl"
