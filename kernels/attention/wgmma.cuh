@@ -45,18 +45,28 @@ __device__ inline std::uint64_t descriptor(const void* start, std::uint32_t lead
          (std::uint64_t((stride_bytes >> 4) & 0x3FFF) << 32) | (std::uint64_t(1) << 62);
 }
 
-// K-major operand of `rows` rows: the k16 step starting at column k0.
-__device__ inline std::uint64_t k_major(const __nv_bfloat16* tile, int rows, int k0) {
-  return descriptor(tile + (k0 / 64) * rows * 64 + k0 % 64, 1 << 4, kSwizzleGroupBytes);
+// K-major operand of `rows` rows: the k16 step starting at column k0, as a step (in the
+// descriptor's 16-byte address units) from the descriptor of column 0, so that a product computes
+// one descriptor per operand and adds compile-time constants for its other steps. The start
+// address field holds address / 16 of a tile below 256 KiB of shared memory, far from
+// overflowing into the next field.
+__device__ inline std::uint64_t k_major(const __nv_bfloat16* tile) {
+  return descriptor(tile, 1 << 4, kSwizzleGroupBytes);
+}
+__host__ __device__ constexpr std::uint64_t k_major_step(int rows, int k0) {
+  return std::uint64_t(((k0 / 64) * rows * 64 + k0 % 64) * sizeof(__nv_bfloat16) / 16);
 }
 
 // M- or N-major operand (K along the tile's rows, exactly 64 of M or N along its columns: one
-// swizzle pattern wide): the k16 step starting at row k0. Of the two byte offsets, one is the
-// step between 8-row groups along K and the other the step between 64-column patterns along M/N,
-// which one operand this wide never takes; both are set to the 8-row step, so the descriptor is
-// right whichever field the hardware reads for K.
-__device__ inline std::uint64_t mn_major(const __nv_bfloat16* tile, int k0) {
-  return descriptor(tile + k0 * 64, kSwizzleGroupBytes, kSwizzleGroupBytes);
+// swizzle pattern wide): the k16 step starting at row k0 is mn_major_step(k0) after row 0. Of the
+// two byte offsets, one is the step between 8-row groups along K and the other the step between
+// 64-column patterns along M/N, which one operand this wide never takes; both are set to the
+// 8-row step, so the descriptor is right whichever field the hardware reads for K.
+__device__ inline std::uint64_t mn_major(const __nv_bfloat16* tile) {
+  return descriptor(tile, kSwizzleGroupBytes, kSwizzleGroupBytes);
+}
+__host__ __device__ constexpr std::uint64_t mn_major_step(int k0) {
+  return std::uint64_t(k0 * 64 * sizeof(__nv_bfloat16) / 16);
 }
 
 // Stops a wgmma kernel launched from code built without sm_90a, whose products are compiled out
@@ -143,18 +153,20 @@ __device__ inline void complete(Accumulators&... accumulators) {
 template <int kDepth>
 __device__ inline void issue_k_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, int a_rows,
                                      const __nv_bfloat16* b_tile, int b_rows) {
+  const std::uint64_t a = k_major(a_tile), b = k_major(b_tile);
 #pragma unroll
   for (int k0 = 0; k0 < kDepth; k0 += 16)
-    detail::m64n64k16<0, 0>(acc, k_major(a_tile, a_rows, k0), k_major(b_tile, b_rows, k0), k0 > 0);
+    detail::m64n64k16<0, 0>(acc, a + k_major_step(a_rows, k0), b + k_major_step(b_rows, k0), k0 > 0);
 }
 
 // acc = A · B over kDepth rows of K: A M-major (tile rows: K, columns: this warpgroup's 64 rows),
 // B N-major (tile rows: K, columns: 64 of N).
 template <int kDepth>
 __device__ inline void issue_mn_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, const __nv_bfloat16* b_tile) {
+  const std::uint64_t a = mn_major(a_tile), b = mn_major(b_tile);
 #pragma unroll
   for (int k0 = 0; k0 < kDepth; k0 += 16)
-    detail::m64n64k16<1, 1>(acc, mn_major(a_tile, k0), mn_major(b_tile, k0), k0 > 0);
+    detail::m64n64k16<1, 1>(acc, a + mn_major_step(k0), b + mn_major_step(k0), k0 > 0);
 }
 
 // acc += A · B: A in registers (kSteps k16 fragments of this warp's 16 rows), B N-major (tile
@@ -162,8 +174,9 @@ __device__ inline void issue_mn_major(float (&acc)[8][4], const __nv_bfloat16* a
 template <int kSteps>
 __device__ inline void issue_registers(float (&acc)[8][4], const std::uint32_t (&a)[kSteps][4],
                                        const __nv_bfloat16* b_tile) {
+  const std::uint64_t b = mn_major(b_tile);
 #pragma unroll
-  for (int step = 0; step < kSteps; ++step) detail::m64n64k16_registers(acc, a[step], mn_major(b_tile, 16 * step));
+  for (int step = 0; step < kSteps; ++step) detail::m64n64k16_registers(acc, a[step], b + mn_major_step(16 * step));
 }
 
 // Single products, complete when they return.
