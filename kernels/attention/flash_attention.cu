@@ -382,17 +382,47 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
 
     // Online softmax per fragment row (r = 0: row g, r = 1: row g + 8). row_sum stays a
     // per-lane partial sum until the end: the correction factor is the same on all four lanes.
+    // The running maximum only moves when some row of the warp would otherwise see
+    // exponentials above 2^kMaxLead (FlashAttention-4's lazy rescaling): o and row_sum are
+    // rescaled in those tiles only (a warp-uniform branch), and otherwise both keep summing
+    // relative to the older maximum, which the final o / row_sum and the LSE
+    // (row_max + log2 row_sum) cancel exactly. Probabilities stay ≤ 2^kMaxLead: bf16 and the
+    // fp32 sums hold them with room to spare.
+    constexpr float kMaxLead = 8.0f;
+    float tile_max[kFragments][2];
+    bool behind = false;  // some row's maximum is more than kMaxLead below the tile's
 #pragma unroll
     for (int f = 0; f < kFragments; ++f)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float tile_max = -INFINITY;
+        float tile = -INFINITY;
 #pragma unroll
-        for (int nb = 0; nb < kScoreBlocks; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
-        const float new_max = fmaxf(row_max[f][r], quad_max(tile_max) * scale_log2);  // log2 units
-        const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
-        const float correction = exp2_flush(row_max[f][r] - base);
-        row_max[f][r] = new_max;
+        for (int nb = 0; nb < kScoreBlocks; ++nb) tile = fmaxf(tile, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
+        tile_max[f][r] = quad_max(tile) * scale_log2;  // log2 units
+        behind |= tile_max[f][r] > row_max[f][r] + kMaxLead;
+      }
+    if (__any_sync(0xffffffffu, behind)) {
+#pragma unroll
+      for (int f = 0; f < kFragments; ++f)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float new_max = fmaxf(row_max[f][r], tile_max[f][r]);
+          const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
+          const float correction = exp2_flush(row_max[f][r] - base);
+          row_max[f][r] = new_max;
+          row_sum[f][r] *= correction;
+#pragma unroll
+          for (int nb = 0; nb < kDv / 8; ++nb) {
+            o[f][nb][2 * r] *= correction;
+            o[f][nb][2 * r + 1] *= correction;
+          }
+        }
+    }
+#pragma unroll
+    for (int f = 0; f < kFragments; ++f)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float base = row_max[f][r] == -INFINITY ? 0.0f : row_max[f][r];
         float sum = 0.0f;
 #pragma unroll
         for (int nb = 0; nb < kScoreBlocks; ++nb) {
@@ -400,12 +430,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
           s[f][nb][2 * r + 1] = exp2_flush(fmaf(s[f][nb][2 * r + 1], scale_log2, -base));
           sum += s[f][nb][2 * r] + s[f][nb][2 * r + 1];
         }
-        row_sum[f][r] = row_sum[f][r] * correction + sum;
-#pragma unroll
-        for (int nb = 0; nb < kDv / 8; ++nb) {
-          o[f][nb][2 * r] *= correction;
-          o[f][nb][2 * r + 1] *= correction;
-        }
+        row_sum[f][r] += sum;
       }
     std::uint32_t p[kFragments][kScoreSteps][4];
 #pragma unroll
