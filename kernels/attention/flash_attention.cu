@@ -156,6 +156,18 @@ struct LinearBias {
   __device__ float add(float x, int k) const { return fmaf(unit_slope, lag_base + float(k), x); }
 };
 
+// Whether `value` holds on all 128 threads of this thread's warpgroup, which all call it with the
+// same named barrier (`barrier` ≥ 1: barrier 0 is __syncthreads').
+__device__ inline bool warpgroup_all(bool value, int barrier) {
+  std::uint32_t all;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(all)
+      : "r"(std::uint32_t(value)), "r"(barrier)
+      : "memory");
+  return all != 0;
+}
+
 // Sums of the four lanes of a quad (the lanes that share fragment rows).
 __device__ inline float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -326,60 +338,62 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     if (j0 > i0 + first_row + rows - 1) return;
     const bf16* k_tile = k_tiles + stage * Layout::k;
     const bf16* v_tile = v_tiles + stage * Layout::v;
-    float s[kFragments][kScoreBlocks][4];
-    if constexpr (kWgmma) {
+    // This warp's scores of key block kb in units of 1/scale, the bias added and the causal mask
+    // applied.
+    auto scores = [&](float (&s)[kFragments][kScoreBlocks][4]) {
+      if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
-      wgmma::product_k_major<kW>(s[0], q_tile + group_row0 * 64, kForwardRows, k_tile, kTile);
+        wgmma::product_k_major<kW>(s[0], q_tile + group_row0 * 64, kForwardRows, k_tile, kTile);
 #endif
-    } else {
+      } else {
 #pragma unroll
-      for (int f = 0; f < kFragments; ++f) clear(s[f]);
+        for (int f = 0; f < kFragments; ++f) clear(s[f]);
 #pragma unroll
-      for (int k0 = 0; k0 < kW; k0 += 16) {
-        std::uint32_t a[kFragments][4];
+        for (int k0 = 0; k0 < kW; k0 += 16) {
+          std::uint32_t a[kFragments][4];
 #pragma unroll
-        for (int f = 0; f < kFragments; ++f) load_matrix_x4(a[f], a_operand<kW>(q_tile, warp_row0 + 16 * f, k0));
+          for (int f = 0; f < kFragments; ++f) load_matrix_x4(a[f], a_operand<kW>(q_tile, warp_row0 + 16 * f, k0));
 #pragma unroll
-        for (int n0 = 0; n0 < kTile; n0 += 16) {
-          std::uint32_t b[4];
-          load_matrix_x4(b, b_rows<kW>(k_tile, n0, k0));
+          for (int n0 = 0; n0 < kTile; n0 += 16) {
+            std::uint32_t b[4];
+            load_matrix_x4(b, b_rows<kW>(k_tile, n0, k0));
 #pragma unroll
-          for (int f = 0; f < kFragments; ++f) {
-            mma_bf16(s[f][n0 / 8], a[f], b[0], b[1]);
-            mma_bf16(s[f][n0 / 8 + 1], a[f], b[2], b[3]);
+            for (int f = 0; f < kFragments; ++f) {
+              mma_bf16(s[f][n0 / 8], a[f], b[0], b[1]);
+              mma_bf16(s[f][n0 / 8 + 1], a[f], b[2], b[3]);
+            }
           }
         }
       }
-    }
-    // Only tiles reaching past this warp's first row need the causal mask (a copy of the loop
-    // per case): column col of row `row` is hidden when col > i0 + row − j0.
-    const bool masked = j0 + kTile - 1 > i0 + warp_row0;
-    const float* slots =
-        bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
-    // Scores stay in units of 1/scale (s + b/scale, one FFMA with a bias) and the scale rides in
-    // the exponential's FFMA below: maxima taken in these units are the right ones, the scale
-    // being positive.
-    with_bias<kW == 64, kLinearBiasCopy<kW, kWgmma>>(bias_of_head.table, bias_of_head.linear, [&](auto bias) {
-      // A linear bias: the lag of this thread's element (f, e) of block nb is
-      // lag_base + 16f + 8(e / 2) − 8nb − (e & 1), integers that fp32 holds exactly.
-      const LinearBias linear(bias, in.score, head.h, inverse_scale, i0 - j0 + warp_row0 + g - 2 * quad);
-      with_flag(masked, [&](auto mask) {
+      // Only tiles reaching past this warp's first row need the causal mask (a copy of the loop
+      // per case): column col of row `row` is hidden when col > i0 + row − j0.
+      const bool masked = j0 + kTile - 1 > i0 + warp_row0;
+      const float* slots =
+          bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
+      // Scores stay in units of 1/scale (s + b/scale, one FFMA with a bias) and the scale rides in
+      // the exponential's FFMA below: maxima taken in these units are the right ones, the scale
+      // being positive.
+      with_bias<kW == 64, kLinearBiasCopy<kW, kWgmma>>(bias_of_head.table, bias_of_head.linear, [&](auto bias) {
+        // A linear bias: the lag of this thread's element (f, e) of block nb is
+        // lag_base + 16f + 8(e / 2) − 8nb − (e & 1), integers that fp32 holds exactly.
+        const LinearBias linear(bias, in.score, head.h, inverse_scale, i0 - j0 + warp_row0 + g - 2 * quad);
+        with_flag(masked, [&](auto mask) {
 #pragma unroll
-        for (int f = 0; f < kFragments; ++f)
+          for (int f = 0; f < kFragments; ++f)
 #pragma unroll
-          for (int nb = 0; nb < kScoreBlocks; ++nb)
+            for (int nb = 0; nb < kScoreBlocks; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int row = row_of(f, e), col = column_of(nb, e);
-              float x = s[f][nb][e];
-              if (bias.table) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
-              if (bias.linear) x = linear.add(x, 16 * f + (e / 2) * 8 - nb * 8 - (e & 1));
-              if (mask.value) x = col > i0 + row - j0 ? -INFINITY : x;
-              s[f][nb][e] = x;
-            }
+              for (int e = 0; e < 4; ++e) {
+                const int row = row_of(f, e), col = column_of(nb, e);
+                float x = s[f][nb][e];
+                if (bias.table) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+                if (bias.linear) x = linear.add(x, 16 * f + (e / 2) * 8 - nb * 8 - (e & 1));
+                if (mask.value) x = col > i0 + row - j0 ? -INFINITY : x;
+                s[f][nb][e] = x;
+              }
+        });
       });
-    });
-
+    };
     // Online softmax per fragment row (r = 0: row g, r = 1: row g + 8). row_sum stays a
     // per-lane partial sum until the end: the correction factor is the same on all four lanes.
     // The running maximum only moves when some row of the warp would otherwise see
@@ -388,50 +402,96 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     // relative to the older maximum, which the final o / row_sum and the LSE
     // (row_max + log2 row_sum) cancel exactly. Probabilities stay ≤ 2^kMaxLead: bf16 and the
     // fp32 sums hold them with room to spare.
-    constexpr float kMaxLead = 8.0f;
-    float tile_max[kFragments][2];
-    bool behind = false;  // some row's maximum is more than kMaxLead below the tile's
-#pragma unroll
-    for (int f = 0; f < kFragments; ++f)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float tile = -INFINITY;
-#pragma unroll
-        for (int nb = 0; nb < kScoreBlocks; ++nb) tile = fmaxf(tile, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
-        tile_max[f][r] = quad_max(tile) * scale_log2;  // log2 units
-        behind |= tile_max[f][r] > row_max[f][r] + kMaxLead;
-      }
-    if (__any_sync(0xffffffffu, behind)) {
+    //
+    // Without a score bias, after a CTA's first key block, the exponentials are first taken
+    // relative to the running maximum without looking for the tile's own: if every lane's partial row sums stay
+    // ≤ 2^kMaxLead (so does every probability), that was the lazy rescaling's outcome anyway and
+    // the tile's maxima (32 FMNMX and two shuffles per row pair) were not needed. Otherwise (the
+    // maximum had to move, or an exponential overflowed) the scores are computed again and take
+    // the path with maxima. A bias that grows towards the diagonal (ALiBi's, PJ-bias's) moves the
+    // maximum in most tiles: with the optimistic pass ALiBi's forward took 1.5× as long
+    // (T = 16,384), so biased heads go straight to the maxima.
+    constexpr float kMaxLead = 8.0f, kMaxSum = 256.0f;  // kMaxSum = 2^kMaxLead
+    // s ← exp2(s·scale·log2 e − m) for the running maximum m of each row (0 while it is −∞), and
+    // sums[f][r] this lane's part of the row's sum.
+    auto exponentials = [&](float (&s)[kFragments][kScoreBlocks][4], float (&sums)[kFragments][2]) {
 #pragma unroll
       for (int f = 0; f < kFragments; ++f)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float new_max = fmaxf(row_max[f][r], tile_max[f][r]);
-          const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
-          const float correction = exp2_flush(row_max[f][r] - base);
-          row_max[f][r] = new_max;
-          row_sum[f][r] *= correction;
+          const float base = row_max[f][r] == -INFINITY ? 0.0f : row_max[f][r];
+          float sum = 0.0f;
 #pragma unroll
-          for (int nb = 0; nb < kDv / 8; ++nb) {
-            o[f][nb][2 * r] *= correction;
-            o[f][nb][2 * r + 1] *= correction;
+          for (int nb = 0; nb < kScoreBlocks; ++nb) {
+            s[f][nb][2 * r] = exp2_flush(fmaf(s[f][nb][2 * r], scale_log2, -base));
+            s[f][nb][2 * r + 1] = exp2_flush(fmaf(s[f][nb][2 * r + 1], scale_log2, -base));
+            sum += s[f][nb][2 * r] + s[f][nb][2 * r + 1];
           }
+          sums[f][r] = sum;
         }
+    };
+    auto add_sums = [&](const float (&sums)[kFragments][2]) {
+#pragma unroll
+      for (int f = 0; f < kFragments; ++f)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) row_sum[f][r] += sums[f][r];
+    };
+    float s[kFragments][kScoreBlocks][4];
+    scores(s);
+    bool optimistic_held = false;
+    if (kb > 0 && !bias_of_head.table && !bias_of_head.linear) {
+      float sums[kFragments][2];
+      exponentials(s, sums);
+      bool within = true;
+#pragma unroll
+      for (int f = 0; f < kFragments; ++f)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) within &= sums[f][r] <= kMaxSum;  // false for inf and NaN too
+      // wgmma: the warpgroup's four warps multiply together, so they agree (named barrier 1 + its
+      // index, a reduction over its 128 threads); mma.sync: the warp.
+      if constexpr (kWgmma)
+        optimistic_held = warpgroup_all(within, 1 + warp / 4);
+      else
+        optimistic_held = __all_sync(0xffffffffu, within);
+      if (optimistic_held)
+        add_sums(sums);
+      else
+        scores(s);
     }
+    if (!optimistic_held) {
+      float tile_max[kFragments][2];
+      bool behind = false;  // some row's maximum is more than kMaxLead below the tile's
 #pragma unroll
-    for (int f = 0; f < kFragments; ++f)
+      for (int f = 0; f < kFragments; ++f)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float base = row_max[f][r] == -INFINITY ? 0.0f : row_max[f][r];
-        float sum = 0.0f;
+        for (int r = 0; r < 2; ++r) {
+          float tile = -INFINITY;
 #pragma unroll
-        for (int nb = 0; nb < kScoreBlocks; ++nb) {
-          s[f][nb][2 * r] = exp2_flush(fmaf(s[f][nb][2 * r], scale_log2, -base));
-          s[f][nb][2 * r + 1] = exp2_flush(fmaf(s[f][nb][2 * r + 1], scale_log2, -base));
-          sum += s[f][nb][2 * r] + s[f][nb][2 * r + 1];
+          for (int nb = 0; nb < kScoreBlocks; ++nb) tile = fmaxf(tile, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
+          tile_max[f][r] = quad_max(tile) * scale_log2;  // log2 units
+          behind |= tile_max[f][r] > row_max[f][r] + kMaxLead;
         }
-        row_sum[f][r] += sum;
+      if (__any_sync(0xffffffffu, behind)) {
+#pragma unroll
+        for (int f = 0; f < kFragments; ++f)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float new_max = fmaxf(row_max[f][r], tile_max[f][r]);
+            const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
+            const float correction = exp2_flush(row_max[f][r] - base);
+            row_max[f][r] = new_max;
+            row_sum[f][r] *= correction;
+#pragma unroll
+            for (int nb = 0; nb < kDv / 8; ++nb) {
+              o[f][nb][2 * r] *= correction;
+              o[f][nb][2 * r + 1] *= correction;
+            }
+          }
       }
+      float sums[kFragments][2];
+      exponentials(s, sums);
+      add_sums(sums);
+    }
     std::uint32_t p[kFragments][kScoreSteps][4];
 #pragma unroll
     for (int f = 0; f < kFragments; ++f) accumulators_to_operand(p[f], s[f]);
