@@ -333,6 +333,7 @@ struct KernelProblem {
   float scale = 0.0f;
   std::vector<float> q, k, qkv, dout, bias, bias_grad_initial;
   std::vector<float> bias_slopes;  // [n_head] when `bias` is linear and handed over as slopes too
+  bool bias_table = true;          // false: no score bias handed over (`bias` must then be zeros)
 
   std::size_t channels() const { return std::size_t(dims.n_head) * dims.head_dim; }
   std::size_t rows() const { return std::size_t(dims.batch) * dims.seq_len; }
@@ -427,7 +428,7 @@ KernelResult dense_reference(const KernelProblem& p) {
   return r;
 }
 
-// The fused kernels' forward and backward (with the bias gradient) on the device;
+// The fused kernels' forward and backward (with the bias gradient if p.bias_table) on the device;
 // deterministic = false: dq̃ by atomic adds in the key kernel. With a q/k transform, its backward
 // fills dqkv's q and k blocks: in the kernels' epilogues (fuse_transform) or by
 // encode_qk_backward from dq̃, dk̃ afterwards. round_encoded: dq̃, dk̃ written in bf16
@@ -456,7 +457,7 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
   in.k = static_cast<const __nv_bfloat16*>(k.tensor(DType::bf16, {}).data);
   in.qkv = static_cast<const __nv_bfloat16*>(qkv.tensor(DType::bf16, {}).data);
   in.score.scale = p.scale;
-  in.score.bias = static_cast<const float*>(bias.tensor(DType::f32, {}).data);
+  if (p.bias_table) in.score.bias = static_cast<const float*>(bias.tensor(DType::f32, {}).data);
   if (!p.bias_slopes.empty()) in.score.bias_slopes = static_cast<const float*>(slopes.tensor(DType::f32, {}).data);
   EXPECT_TRUE(kernels::flash_attention_supports(p.dims, in));
   auto* out_data = static_cast<__nv_bfloat16*>(out.tensor(DType::bf16, {}).data);
@@ -470,8 +471,10 @@ KernelResult run_flash_kernels(const KernelProblem& p, bool deterministic = true
   grads.dq = static_cast<float*>(dq.tensor(DType::f32, {}).data);
   grads.dk = static_cast<float*>(dk.tensor(DType::f32, {}).data);
   grads.dqkv = static_cast<__nv_bfloat16*>(dqkv.tensor(DType::bf16, {}).data);
-  grads.bias_grad = static_cast<float*>(bias_grad.tensor(DType::f32, {}).data);
-  grads.bias_grad_partials = static_cast<float*>(partials.tensor(DType::f32, {}).data);
+  if (p.bias_table) {
+    grads.bias_grad = static_cast<float*>(bias_grad.tensor(DType::f32, {}).data);
+    grads.bias_grad_partials = static_cast<float*>(partials.tensor(DType::f32, {}).data);
+  }
   grads.deterministic = deterministic;
   if (transform != nullptr && fuse_transform) {
     EXPECT_TRUE(kernels::flash_attention_fuses_qk_backward(p.dims, in, *transform, deterministic));
@@ -539,6 +542,7 @@ void expect_flash_matches_reference(const KernelProblem& p, bool deterministic) 
   EXPECT_LT(relative_error(gpu.dq, ref.dq), kBf16Tolerance) << "dq";
   EXPECT_LT(relative_error(gpu.dk, ref.dk), kBf16Tolerance) << "dk";
   EXPECT_LT(relative_error(gpu.dv, ref.dv), kBf16Tolerance) << "dv";
+  if (!p.bias_table) return;
   std::vector<float> gpu_sums(gpu.bias_grad.size()), ref_sums(ref.bias_grad.size());
   for (std::size_t i = 0; i < gpu_sums.size(); ++i) {
     gpu_sums[i] = gpu.bias_grad[i] - p.bias_grad_initial[i];
@@ -564,6 +568,26 @@ TEST_P(FlashKernels, MatchDenseReferenceWithLinearBiasSlopes) {
   for (int h = 0; h < 3; ++h)
     for (int lag = 0; lag < seq_len; ++lag)
       p.bias[std::size_t(h) * seq_len + lag] = static_cast<float>(double(p.bias_slopes[h]) * lag);
+  expect_flash_matches_reference(p, deterministic);
+}
+
+// No score bias, and scores that grow along the keys (every q̃ channel + 0.5, every k̃ channel
+// + 0.03·s at key s): each 64-key tile's maximum lies about 2^11 (W = 64) or 2^16 (W = 128) above
+// the last one's, so the forward's optimistic exponentials (taken against the running maximum)
+// fail their check (probabilities ≤ 2^8) in most tiles and the tile's scores are computed again
+// (flash_forward_kernel).
+TEST_P(FlashKernels, MatchDenseReferenceWithoutBiasWhenTheMaximumKeepsMoving) {
+  const auto& [widths, seq_len, deterministic] = GetParam();
+  KernelProblem p = make_kernel_problem(2, seq_len, 3, widths.first, widths.second, 53u + seq_len);
+  p.bias_table = false;
+  std::fill(p.bias.begin(), p.bias.end(), 0.0f);
+  const std::size_t W = std::size_t(widths.first);
+  auto rounded = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
+  for (std::size_t i = 0; i < p.q.size(); ++i) p.q[i] = rounded(p.q[i] + 0.5f);
+  for (std::size_t i = 0; i < p.k.size(); ++i) {
+    const std::size_t key = (i / W) % std::size_t(seq_len);  // [B·H, T, W]
+    p.k[i] = rounded(p.k[i] + 0.03f * float(key));
+  }
   expect_flash_matches_reference(p, deterministic);
 }
 
