@@ -2,16 +2,20 @@
 # A change against its base in one call on the GPU machine, the way docs/benchmarks.md compares
 # kernels: the working tree ("new") and a copy of it with PATCH reversed ("base") are built side
 # by side; then optionally the GPU tests on new; then Nsight Compute's time of every kernel of one
-# attention forward+backward per encoding at the 124M training shape, on both trees; then
-# `pope-bench train` per encoding, the trees alternating within each round so that drifting
-# clocks touch both alike. A short table last.
+# attention forward+backward per encoding at the 124M training shape (and at other lengths if
+# asked), on both trees; then `pope-bench attention` at LENGTHS if set, and `pope-bench train` per
+# encoding, the trees alternating within each round so that drifting clocks touch both alike.
+# Short tables last.
 #
 # Usage: scripts/ab_gpu.sh PATCH
 #   PATCH: the change as a patch against the working tree's base, made on the development machine,
 #   e.g. `git diff main > build/ab/change.patch` (carry build/ab to the GPU machine).
 # Env:   OUT        logs and JSON (default /tmp/pope_ab)
 #        ENCODINGS  model.position.kind values to time (default "rope pope")
-#        ROUNDS     pope-bench rounds (default 2)
+#        ROUNDS     pope-bench rounds (default 2; 0: no train rounds)
+#        LENGTHS    also pope-bench attention rounds at these T (comma-separated, e.g.
+#                   1024,4096,10240,16384; B·T = 16,384): forward and f+b ms per tree
+#        NCU_LENGTHS  T of the Nsight Compute tables (default 1024: B = MICRO; longer T: B·T = 16,384)
 #        CONFIG     pope-bench config (default owt_124m), MICRO its micro-batch (default 32)
 #        TESTS=1    run pope_gpu_tests (without the NCCL ones) on new first
 #        NCU=0      skip the Nsight Compute tables (they need ncu on PATH)
@@ -20,25 +24,29 @@
 #                   shapes, no ncu); CMAKE_ARGS="-DPOPE_ENABLE_CUDA=OFF" builds CPU-only trees
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-if [ $# -ne 1 ]; then
-  echo "usage: scripts/ab_gpu.sh PATCH (one patch of the change against its base; got $# arguments)" >&2
-  exit 2
-fi
-PATCH="$1"
-[ -f "$PATCH" ] || { echo "ab_gpu.sh: patch '$PATCH' not found" >&2; exit 2; }
-PATCH="$(cd "$(dirname "$PATCH")" && pwd)/$(basename "$PATCH")"
-# Checked against this tree before anything is copied, built or written.
-if ! patch -R -p1 -s -f --dry-run <"$PATCH" >/dev/null 2>&1; then
-  echo "ab_gpu.sh: $PATCH does not reverse cleanly out of this tree (make it with git diff BASE, against this tree's base)" >&2
-  exit 2
-fi
+refuse() { echo "$1" >&2; exit 2; }
+[ $# -eq 1 ] || refuse "usage: scripts/ab_gpu.sh PATCH (one patch of the change against its base; got $# arguments)"
 LOGS="${OUT:-/tmp/pope_ab}"
+LENGTHS="${LENGTHS:-}"
+NCU_LENGTHS="${NCU_LENGTHS:-1024}"
 ENCODINGS="${ENCODINGS:-rope pope}"
 ROUNDS="${ROUNDS:-2}"
 CONFIG="${CONFIG:-owt_124m}"
 MICRO="${MICRO:-32}"
 DEVICE="${POPE_BENCH_DEVICE:-cuda}"
 JOBS="${JOBS:-$(( ($(nproc) + 1) / 2 ))}"
+[[ "$ROUNDS" =~ ^[0-9]+$ ]] || refuse "ab_gpu.sh: ROUNDS must be a whole number ≥ 0 (got '$ROUNDS')"
+[[ "$MICRO" =~ ^[1-9][0-9]*$ ]] || refuse "ab_gpu.sh: MICRO must be a positive whole number (got '$MICRO')"
+for lengths in "$LENGTHS" "$NCU_LENGTHS"; do
+  [[ -z "$lengths" || "$lengths" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+    refuse "ab_gpu.sh: LENGTHS and NCU_LENGTHS take sequence lengths separated by commas, e.g. 1024,16384 (got '$lengths')"
+done
+PATCH="$1"
+[ -f "$PATCH" ] || refuse "ab_gpu.sh: patch '$PATCH' not found"
+PATCH="$(cd "$(dirname "$PATCH")" && pwd)/$(basename "$PATCH")"
+# Checked against this tree before anything is copied, built or written.
+patch -R -p1 -s -f --dry-run <"$PATCH" >/dev/null 2>&1 ||
+  refuse "ab_gpu.sh: $PATCH does not reverse cleanly out of this tree (make it with git diff BASE, against this tree's base)"
 export PATH="/opt/torch/.venv/bin:$PATH"
 mkdir -p "$LOGS"
 
@@ -82,13 +90,16 @@ fi
 # Nsight Compute: mean µs per kernel name over one warmup and two timed f+b calls.
 kernel_tables=""
 if [ "${NCU:-1}" = 1 ] && [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
-  for encoding in $ENCODINGS; do
-    for tree in base new; do
-      ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw "${BENCH[$tree]}" attention \
-        --encodings "$encoding" --lengths 1024 --tokens $((MICRO * 1024)) --warmup 1 --repeats 2 \
-        >"$LOGS/ncu_${encoding}_$tree.csv" 2>"$LOGS/ncu_${encoding}_$tree.err"
-    done
-    kernel_tables+="$(python3 - "$LOGS/ncu_${encoding}_base.csv" "$LOGS/ncu_${encoding}_new.csv" "$encoding" <<'PY'
+  for T in ${NCU_LENGTHS//,/ }; do
+    tokens=$((T == 1024 ? MICRO * 1024 : (T > 16384 ? T : 16384)))
+    for encoding in $ENCODINGS; do
+      for tree in base new; do
+        ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw "${BENCH[$tree]}" attention \
+          --encodings "$encoding" --lengths "$T" --tokens "$tokens" --warmup 1 --repeats 2 \
+          >"$LOGS/ncu_${encoding}_${T}_$tree.csv" 2>"$LOGS/ncu_${encoding}_${T}_$tree.err"
+      done
+      kernel_tables+="$(python3 - "$LOGS/ncu_${encoding}_${T}_base.csv" "$LOGS/ncu_${encoding}_${T}_new.csv" \
+        "$encoding, T = $T, B = $((tokens / T))" <<'PY'
 import collections, csv, io, re, sys
 
 def kernel_means(path):
@@ -113,7 +124,41 @@ for kernel in sorted(set(base) | set(new)):
 print(f"| all | {sum(base.values()):.1f} | {sum(new.values()):.1f} |")
 PY
 )"
+    done
   done
+fi
+
+# pope-bench attention at LENGTHS, trees alternating per round; medians per tree.
+attention_table=""
+if [ -n "$LENGTHS" ] && [ "$DEVICE" = cuda ]; then
+  for round in $(seq 1 "$(( ROUNDS > 0 ? ROUNDS : 1 ))"); do
+    for tree in base new; do
+      "${BENCH[$tree]}" attention --encodings "${ENCODINGS// /,}" --lengths "$LENGTHS" \
+        --json "$LOGS/attention_${tree}_$round.json" >"$LOGS/attention_${tree}_$round.txt" 2>&1 ||
+        { echo "pope-bench attention $tree failed:"; tail -5 "$LOGS/attention_${tree}_$round.txt"; }
+    done
+  done
+  attention_table="$(python3 - "$LOGS" <<'PY'
+import glob, json, statistics, sys
+
+def medians(tree):
+    values = {}
+    for path in sorted(glob.glob(f"{sys.argv[1]}/attention_{tree}_*.json")):
+        for row in json.load(open(path))["rows"]:
+            for phase in ("forward_ms", "forward_backward_ms"):
+                values.setdefault((row["encoding"], row["seq_len"], phase), []).append(row[phase])
+    return {key: statistics.median(v) for key, v in values.items()}
+
+base, new = medians("base"), medians("new")
+print("\n| pope-bench attention, median ms | T | forward base → new | f+b base → new |\n|---|---:|---|---|")
+for encoding, T in sorted({(e, t) for e, t, _ in base} | {(e, t) for e, t, _ in new}):
+    cell = lambda phase: " → ".join(f"{table[(encoding, T, phase)]:.3f}" if (encoding, T, phase) in table else "–"
+                                    for table in (base, new))
+    print(f"| {encoding} | {T} | {cell('forward_ms')} | {cell('forward_backward_ms')} |")
+PY
+)"
+elif [ -n "$LENGTHS" ]; then
+  attention_table="(pope-bench attention needs a CUDA device: LENGTHS skipped)"
 fi
 
 declare -A RESULTS
@@ -132,8 +177,11 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 echo "$kernel_tables"
+echo "$attention_table"
 echo
-echo "| pope-bench train $CONFIG, tok/s per round | base | new |"
-echo "|---|---|---|"
-for encoding in $ENCODINGS; do echo "| $encoding | ${RESULTS["$encoding base"]} | ${RESULTS["$encoding new"]} |"; done
-echo "| GPU tests on new | $tests_summary | |"
+if [ "$ROUNDS" -gt 0 ]; then
+  echo "| pope-bench train $CONFIG, tok/s per round | base | new |"
+  echo "|---|---|---|"
+  for encoding in $ENCODINGS; do echo "| $encoding | ${RESULTS["$encoding base"]} | ${RESULTS["$encoding new"]} |"; done
+fi
+echo "GPU tests on new: $tests_summary"

@@ -21,5 +21,15 @@ cat >"$SCRATCH/foreign.patch" <<'PATCH'
 PATCH
 expect_exit 2 bash "$AB" "$SCRATCH/foreign.patch"
 expect_output "does not reverse cleanly"
+# Settings that are not what they should be: refused by name, before anything is written.
+printf '' >"$SCRATCH/empty.patch"
+ROUNDS=two expect_exit 2 bash "$AB" "$SCRATCH/empty.patch"
+expect_output "ROUNDS must be a whole number ≥ 0 (got 'two')"
+MICRO=0 expect_exit 2 bash "$AB" "$SCRATCH/empty.patch"
+expect_output "MICRO must be a positive whole number (got '0')"
+LENGTHS="1024, 16384" expect_exit 2 bash "$AB" "$SCRATCH/empty.patch"
+expect_output "got '1024, 16384'"
+NCU_LENGTHS=16k expect_exit 2 bash "$AB" "$SCRATCH/empty.patch"
+expect_output "got '16k'"
 [ ! -e "$OUT" ] || fail "the refused calls created $OUT"
 echo "ab_gpu arguments: ok"
