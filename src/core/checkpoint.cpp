@@ -140,7 +140,19 @@ std::vector<float> arena_from_tensors(const ParameterLayout& layout, const Safet
     if (found->dtype != DType::f32)
       throw CheckpointError(fmt::format("checkpoint file {}: tensor '{}' has dtype {}, expected f32", file, name,
                                         dtype_name(found->dtype)));
-    std::memcpy(flat.data() + layout.offset(i), found->bytes.data(), found->bytes.size());
+    float* values = flat.data() + layout.offset(i);
+    std::memcpy(values, found->bytes.data(), found->bytes.size());
+    // Training skips the steps whose loss or gradient is not finite, so a NaN or infinity here
+    // is damage to the file (the format has no checksum); evaluating or resuming from it would
+    // print NaN perplexities or train on garbage.
+    const std::size_t count = found->bytes.size() / sizeof(float);
+    const auto first_bad = std::find_if(values, values + count, [](float v) { return !std::isfinite(v); });
+    if (first_bad != values + count)
+      throw CheckpointError(fmt::format(
+          "checkpoint file {}: tensor '{}' has {} non-finite values (the first at element {}); training never "
+          "writes them, so the file is damaged",
+          file, name, std::count_if(first_bad, values + count, [](float v) { return !std::isfinite(v); }),
+          first_bad - values));
   }
   return flat;
 }

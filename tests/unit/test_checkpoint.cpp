@@ -358,6 +358,30 @@ TEST(Checkpoint, LayoutMismatchesNameTensorAndShapes) {
   EXPECT_NE(message.find("final_norm.weight"), std::string::npos) << message;
 }
 
+// A weight or moment that is NaN or infinite can only come from damage (training skips the
+// steps whose loss or gradient is not finite): refused, naming the file, tensor and element.
+TEST(Checkpoint, NonFiniteValuesAreRefusedNamingTheTensor) {
+  ScratchDir run;
+  const auto layout = tiny_layout();
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      auto data = full_checkpoint(layout, 7);
+      const std::size_t element = static_cast<std::size_t>(layout.offset(2)) + 5;  // layers.0.attn.qkv.weight[5]
+      (std::string(file) == "model.safetensors" ? data.params : data.adam_v)[element] = bad;
+      const auto dir = save_checkpoint(run.path(), layout, data, 1);
+      const auto message = thrown_message<CheckpointError>([&] { load_checkpoint(dir, layout); });
+      EXPECT_NE(message.find(file), std::string::npos) << message;
+      EXPECT_NE(message.find("attn.qkv.weight' has 1 non-finite values (the first at element 5)"), std::string::npos)
+          << message;
+      if (std::string(file) == "model.safetensors") {
+        EXPECT_THROW(load_checkpoint(dir, layout, /*weights_only=*/true), CheckpointError);
+      } else {
+        EXPECT_EQ(load_checkpoint(dir, layout, /*weights_only=*/true).params, data.params);  // moments unread
+      }
+    }
+  }
+}
+
 TEST(Checkpoint, BadPathsAndArgumentsAreCheckpointErrors) {
   ScratchDir run;
   const auto layout = tiny_layout();
