@@ -13,6 +13,7 @@
 #include "pope/bench.hpp"
 #include "pope/checkpoint.hpp"
 #include "pope/config.hpp"
+#include "output_file.hpp"
 
 namespace {
 
@@ -48,7 +49,8 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
   train->add_flag("--profile", cmd.options.profile,
                   "then one more step with the device time of every backend op (between timed fences: CUDA events "
                   "on the GPU, nothing synchronised in between)");
-  train->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file");
+  train->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
+      ->check(pope::tools::kOutputFile);
   train->add_option("--dump-step", cmd.dump_path,
                     "instead of timing: one forward/backward of a micro-batch, written as safetensors (weights, "
                     "tokens, targets, loss, grad.<name>) for scripts/reference/torch_gpt.py");
@@ -85,7 +87,8 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
   attention->add_option("--repeats", cmd.options.repeats, "timed calls per phase (median reported)")
       ->default_val(30)
       ->check(CLI::PositiveNumber);
-  attention->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file");
+  attention->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
+      ->check(pope::tools::kOutputFile);
   attention->add_option("--impl", cmd.impl,
                         "who computes the attention of the encoded q̃, k̃ (attention.impl): fused (ours), cudnn "
                         "(cuDNN's fused SDPA, encodings without a score bias only), or both, one row each per "

@@ -20,6 +20,7 @@
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/pj_diagnostics.hpp"
+#include "output_file.hpp"
 
 namespace {
 
@@ -247,9 +248,10 @@ int main(int argc, char** argv) {
                                           "--set model.context_length=2048 (repeatable)");
   app.add_option("--device", o.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--threads", o.threads, "CPU threads; 0: all cores")->check(CLI::NonNegativeNumber);
-  app.add_option("--csv", o.csv, "write one row per checkpoint × length");
-  app.add_option("--json", o.json, "write the results and settings as JSON");
-  app.add_option("--plot", o.plot, "write a PNG of perplexity versus length (needs gnuplot)");
+  app.add_option("--csv", o.csv, "write one row per checkpoint × length")->check(pope::tools::kOutputFile);
+  app.add_option("--json", o.json, "write the results and settings as JSON")->check(pope::tools::kOutputFile);
+  app.add_option("--plot", o.plot, "write a PNG of perplexity versus length (needs gnuplot)")
+      ->check(pope::tools::kOutputFile);
   app.add_option("--plot-csv", o.plot_csv, "plot mode: read a CSV written by --csv (e.g. on another machine) and "
                                            "write --plot; no evaluation");
   app.add_option("--train-len", o.train_len, "plot: mark only this training length (default: each curve's "

@@ -80,8 +80,11 @@ expect_output "data.train"
 expect_exit 2 "$BENCH" train --config "$SCRATCH/missing.json"
 expect_output "missing.json"
 expect_exit 2 "$BENCH"
-expect_exit 1 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --json "$SCRATCH/no/such/dir/x.json"
-expect_output "no/such/dir/x.json"
+# An output file that cannot be written is refused before anything runs.
+expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --json "$SCRATCH/no/such/dir/x.json"
+expect_output "no/such/dir/x.json\" does not exist"
+expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --json "$SCRATCH"
+expect_output "is a directory"
 expect_exit 1 "$BENCH" train --config "$SCRATCH/tiny.json" --data --set data.train="$SCRATCH/absent.bin"
 expect_output "absent.bin"
 

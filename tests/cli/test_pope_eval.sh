@@ -54,6 +54,11 @@ expect_output "comma"
 expect_exit 2 env PATH=/nonexistent "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 32 \
   --plot "$SCRATCH/x.png"
 expect_output "gnuplot"
+# Output files that could not be written at the end are refused before the sweep.
+expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 32 --json "$SCRATCH"
+expect_output "--json: \"$SCRATCH\" is a directory"
+expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 32 --csv "$SCRATCH/no/dir/x.csv"
+expect_output "no/dir/x.csv\" does not exist"
 
 # Data and checkpoint errors: exit 1, naming the file.
 expect_exit 1 "$EVAL" --checkpoint "$SCRATCH/missing_run" --data "$SCRATCH/books" --lengths 32
@@ -61,6 +66,19 @@ expect_output "missing_run"
 printf 'abc' >"$SCRATCH/odd.bin"
 expect_exit 1 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/odd.bin" --lengths 32
 expect_output "odd.bin"
+# A damaged weight (NaN bytes in model.safetensors) is refused naming the tensor, not evaluated
+# to a NaN perplexity.
+cp -r "$SCRATCH/pope" "$SCRATCH/damaged"
+python3 - "$SCRATCH/damaged" <<'PY' || fail "could not damage the checkpoint copy"
+import glob, struct, sys
+path = sorted(glob.glob(sys.argv[1] + "/checkpoints/step_*/model.safetensors"))[-1]
+data = bytearray(open(path, "rb").read())
+header = struct.unpack("<Q", data[:8])[0]
+data[8 + header:8 + header + 4] = b"\xff\xff\xff\xff"  # the data's first float becomes a NaN
+open(path, "wb").write(data)
+PY
+expect_exit 1 "$EVAL" --checkpoint "$SCRATCH/damaged" --data "$SCRATCH/books" --lengths 32
+expect_output "has 1 non-finite values"
 
 # The sweep: two checkpoints, lengths to 4× the training length, every output.
 expect_exit 0 "$EVAL" --checkpoint "$SCRATCH/pope" --checkpoint "$SCRATCH/rope/checkpoints/step_00000040" \
