@@ -86,6 +86,14 @@ CheckpointData load_checkpoint(const std::filesystem::path& path, const Paramete
 // Newest complete step directory under <run_dir>/checkpoints, if any.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& run_dir);
 
+// What a checkpoint path names: a run directory (then its newest complete step directory) or a
+// step directory <run>/checkpoints/step_N, and the run's config.json (<run>/config.json). Throws
+// CheckpointError when the path is neither or the config is missing.
+struct CheckpointLocation {
+  std::filesystem::path step_dir, config_file;
+};
+CheckpointLocation locate_checkpoint(const std::filesystem::path& path);
+
 // fsync'd atomic write of a small text file (config.json, trainer.json).
 void write_file_atomic(const std::filesystem::path& path, const std::string& contents);
 

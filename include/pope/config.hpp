@@ -172,5 +172,8 @@ void validate(const RunConfig& config);  // ranges and cross-field rules; throws
 
 // Stable hash of the resolved config (hex), stored in checkpoints to detect mismatched resumes.
 std::string config_hash(const RunConfig& config);
+// The hashed keys whose values differ, as "key: before → after" in README order: what makes
+// two configs' hashes differ, for the message of a refused resume.
+std::vector<std::string> config_hash_differences(const RunConfig& before, const RunConfig& after);
 
 }  // namespace pope

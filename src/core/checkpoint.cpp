@@ -321,6 +321,33 @@ std::optional<fs::path> latest_checkpoint(const fs::path& run_dir) {
   return std::nullopt;
 }
 
+CheckpointLocation locate_checkpoint(const fs::path& path) {
+  if (!fs::is_directory(path))
+    throw CheckpointError(fmt::format("checkpoint {} does not exist or is not a directory", path));
+  CheckpointLocation paths;
+  if (fs::is_directory(path / "checkpoints")) {
+    const auto latest = latest_checkpoint(path);
+    if (!latest)
+      throw CheckpointError(fmt::format("run directory {} has no complete checkpoint under checkpoints/", path));
+    paths.step_dir = *latest;
+    paths.config_file = path / "config.json";
+  } else {
+    if (!fs::is_regular_file(path / "model.safetensors"))
+      throw CheckpointError(fmt::format("checkpoint {} is neither a run directory (no checkpoints/ inside) nor a step "
+                                        "directory (no model.safetensors inside)",
+                                        path));
+    paths.step_dir = path;
+    fs::path step = fs::absolute(path).lexically_normal();
+    if (!step.has_filename()) step = step.parent_path();  // "…/step_N/" names the same directory
+    paths.config_file = step.parent_path().parent_path() / "config.json";
+  }
+  if (!fs::is_regular_file(paths.config_file))
+    throw CheckpointError(fmt::format("checkpoint {}: the run's config {} is missing (expected a run directory or "
+                                      "<run>/checkpoints/step_N with <run>/config.json)",
+                                      path, paths.config_file));
+  return paths;
+}
+
 CheckpointData load_checkpoint(const fs::path& path, const ParameterLayout& layout, bool weights_only) {
   if (!fs::is_directory(path))
     throw CheckpointError(fmt::format("checkpoint {} does not exist or is not a directory", path));

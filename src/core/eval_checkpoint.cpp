@@ -17,38 +17,6 @@ namespace {
 
 constexpr const char* kScalingPrefix = "model.position.rope.scaling.";
 
-// A step directory lives at <run>/checkpoints/step_N; the run's config is <run>/config.json.
-struct CheckpointPaths {
-  fs::path step_dir, config_file;
-};
-
-CheckpointPaths locate(const fs::path& path) {
-  if (!fs::is_directory(path))
-    throw CheckpointError(fmt::format("checkpoint {} does not exist or is not a directory", path));
-  CheckpointPaths paths;
-  if (fs::is_directory(path / "checkpoints")) {
-    const auto latest = latest_checkpoint(path);
-    if (!latest)
-      throw CheckpointError(fmt::format("run directory {} has no complete checkpoint under checkpoints/", path));
-    paths.step_dir = *latest;
-    paths.config_file = path / "config.json";
-  } else {
-    if (!fs::is_regular_file(path / "model.safetensors"))
-      throw CheckpointError(fmt::format("checkpoint {} is neither a run directory (no checkpoints/ inside) nor a step "
-                                        "directory (no model.safetensors inside)",
-                                        path));
-    paths.step_dir = path;
-    fs::path step = fs::absolute(path).lexically_normal();
-    if (!step.has_filename()) step = step.parent_path();  // "…/step_N/" names the same directory
-    paths.config_file = step.parent_path().parent_path() / "config.json";
-  }
-  if (!fs::is_regular_file(paths.config_file))
-    throw CheckpointError(fmt::format("checkpoint {}: the run's config {} is missing (expected a run directory or "
-                                      "<run>/checkpoints/step_N with <run>/config.json)",
-                                      path, paths.config_file));
-  return paths;
-}
-
 long read_step(const fs::path& step_dir) {
   const fs::path file = step_dir / "trainer.json";
   std::ifstream in(file);
@@ -62,7 +30,7 @@ long read_step(const fs::path& step_dir) {
   return TrainerState::from_json(json, file.string()).step;
 }
 
-std::string run_name(const CheckpointPaths& paths) { return paths.config_file.parent_path().filename().string(); }
+std::string run_name(const CheckpointLocation& paths) { return paths.config_file.parent_path().filename().string(); }
 
 std::string shortest(double value) { return fmt::format("{}", value); }
 
@@ -86,7 +54,7 @@ EvalCheckpoint open_eval_checkpoint(const fs::path& path, const std::vector<std:
                         fmt::format("--set '{}': evaluation takes only model.* keys (the other sections describe "
                                     "training and do not change an evaluation)",
                                     assignment));
-  const CheckpointPaths paths = locate(path);
+  const CheckpointLocation paths = locate_checkpoint(path);
   std::vector<std::string> all = overrides;
   for (std::string& assignment : rope_scaling.assignments()) all.push_back(std::move(assignment));
 

@@ -1,6 +1,7 @@
 #include "pope/train.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -150,12 +151,32 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
 
 Trainer::~Trainer() = default;
 
+namespace {
+
+// What a refused resume changed: the hashed keys whose values differ between the run's
+// config.json and this command's config, else (no readable config.json) the two hashes.
+std::string describe_config_changes(const std::filesystem::path& checkpoint, const RunConfig& config,
+                                    const std::string& checkpoint_hash, const std::string& hash) {
+  try {
+    const std::vector<std::string> changes =
+        config_hash_differences(load_config(locate_checkpoint(checkpoint).config_file), config);
+    if (!changes.empty()) return fmt::format("the run's config.json → this command: {}", fmt::join(changes, "; "));
+  } catch (const std::exception&) {
+    // An unreadable or missing config.json only costs the details.
+  }
+  return fmt::format("hash {} vs {}", checkpoint_hash, hash);
+}
+
+}  // namespace
+
 void Trainer::restore(const std::filesystem::path& checkpoint) {
   CheckpointData data = load_checkpoint(checkpoint, model_->layout());
   if (data.state.config_hash != state_.config_hash)
-    throw ConfigError("--resume", fmt::format("checkpoint {} was written with a different config (hash {} vs {}); "
-                                              "resuming needs the same model, data and optimizer settings",
-                                              checkpoint.string(), data.state.config_hash, state_.config_hash));
+    throw ConfigError("--resume", fmt::format("checkpoint {} was written with a different config ({}); resuming "
+                                              "needs the same model, data and optimizer settings",
+                                              checkpoint.string(),
+                                              describe_config_changes(checkpoint, config_, data.state.config_hash,
+                                                                      state_.config_hash)));
   if (data.adam_m.empty())
     throw CheckpointError(fmt::format("{} holds weights only (no optimizer.safetensors), so the run cannot be "
                                       "continued exactly",

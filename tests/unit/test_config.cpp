@@ -392,7 +392,16 @@ TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
     RunConfig changed;
     change(changed);
     EXPECT_NE(config_hash(changed), hash);
+    EXPECT_EQ(config_hash_differences(base, changed).size(), 1u);
   }
+  // What config_hash_differences names: hashed keys only, "key: before → after" in README order.
+  RunConfig changed = all_changed;
+  changed.optim.lr = 5e-4;
+  changed.model.position.kind = "rope";
+  EXPECT_EQ(config_hash_differences(base, changed),
+            (std::vector<std::string>{"model.position.kind: \"" + base.model.position.kind + "\" → \"rope\"",
+                                      "optim.lr: " + nlohmann::json(base.optim.lr).dump() + " → 0.0005"}));
+  EXPECT_TRUE(config_hash_differences(base, all_changed).empty());
 }
 
 TEST(Config, GradAccumulationSplitsTheGlobalBatch) {

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <limits>
 
+#include <nlohmann/json.hpp>
+
 #include "pope/train.hpp"
 #include "trainer_fixture.hpp"
 
@@ -106,12 +108,18 @@ TEST_F(TrainerTest, ResumeWithADifferentConfigIsAnError) {
     Trainer first(config_, options("run", "", 2));
     first.train();
   }
+  const double lr = config_.optim.lr;
   config_.optim.lr *= 2;
   try {
     Trainer second(config_, options("run", "auto"));
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("different config"), std::string::npos) << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find("different config"), std::string::npos) << message;
+    // The key that changed, with the run's value and this config's, read from the run's config.json.
+    EXPECT_NE(message.find("optim.lr: " + nlohmann::json(lr).dump() + " → " + nlohmann::json(lr * 2).dump()),
+              std::string::npos)
+        << message;
   }
   config_.optim.lr /= 2;
   config_.train.steps = 20;  // the number of steps may change on resume
