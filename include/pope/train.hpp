@@ -48,7 +48,7 @@ enum class StopReason { finished, stop_at_step, interrupted, terminated };
 struct TrainingSummary {
   StopReason reason = StopReason::finished;
   long steps_done = 0;             // optimizer steps completed in total (incl. before resume)
-  double last_train_loss = 0.0;
+  std::optional<double> last_train_loss;  // unset when this call took no step (the run was already there)
   std::optional<double> last_val_loss;
   std::optional<double> last_val_accuracy;  // tasks scored by accuracy (indirect indexing)
   std::filesystem::path last_checkpoint;

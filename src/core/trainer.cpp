@@ -373,7 +373,8 @@ TrainingSummary Trainer::train_steps() {
   auto window_start = Clock::now();
   long window_steps = 0;
   StepPhases window_phases;  // summed over the window's steps, with train.phase_timing
-  long last_saved_step = -1;
+  // A resumed run's step is already on disk: a call that takes no step writes nothing.
+  long last_saved_step = last_checkpoint_.empty() ? -1 : state_.step;
   // One rank's signal stops every rank, at the same step: the ranks' stop votes travel with
   // each step's reduction and are read with its results.
   bool stop_agreed = false;
@@ -487,14 +488,15 @@ TrainingSummary Trainer::train_steps() {
                 options_.write_checkpoints ? "; continue with --resume auto" : " (--no-checkpoints: nothing to resume)");
   else if (summary.reason == StopReason::stop_at_step)
     logger.info("stopped after step {} as asked; continue with --resume auto", state_.step);
-  logger.info("done: {} steps, {:.1f} s, final train loss {:.4f}{}{}, checkpoint {}", state_.step, summary.seconds,
-              summary.last_train_loss,
+  logger.info("done: {} steps, {:.1f} s, {}{}{}, checkpoint {}", state_.step, summary.seconds,
+              summary.last_train_loss ? fmt::format("final train loss {:.4f}", *summary.last_train_loss)
+                                      : std::string("no step taken (the run was already at this step)"),
               summary.last_val_loss ? fmt::format(", val loss {:.4f}", *summary.last_val_loss) : "",
               summary.last_val_accuracy ? fmt::format(", val accuracy {:.4f}", *summary.last_val_accuracy) : "",
               last_checkpoint_.empty() ? std::string("none written") : last_checkpoint_.string());
   append_metrics({{"event", "summary"},
                   {"step", state_.step},
-                  {"loss", summary.last_train_loss},
+                  {"loss", summary.last_train_loss ? nlohmann::json(*summary.last_train_loss) : nlohmann::json(nullptr)},
                   {"seconds", summary.seconds},
                   {"stopped_by_signal", stop_signal}});
   return summary;

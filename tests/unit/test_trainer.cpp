@@ -103,6 +103,24 @@ TEST_F(TrainerTest, RefusesToOverwriteARunWithoutResume) {
   EXPECT_THROW(Trainer(config_, options("run")), ConfigError);
 }
 
+// A resume with nothing left to do (the run is past --stop-at) takes no step, rewrites no
+// checkpoint and reports no training loss (it printed "final train loss 0.0000").
+TEST_F(TrainerTest, ResumeWithNothingToDoTakesNoStepAndWritesNothing) {
+  {
+    Trainer first(config_, options("run", "", 3));
+    ASSERT_TRUE(first.train().last_train_loss.has_value());
+  }
+  const auto checkpoint = latest_checkpoint(dir_ / "run");
+  ASSERT_TRUE(checkpoint.has_value());
+  const auto written = std::filesystem::last_write_time(*checkpoint / "model.safetensors");
+  Trainer again(config_, options("run", "auto", 2));
+  const TrainingSummary summary = again.train();
+  EXPECT_EQ(summary.steps_done, 3);
+  EXPECT_FALSE(summary.last_train_loss.has_value());
+  EXPECT_EQ(summary.last_checkpoint, *checkpoint);
+  EXPECT_EQ(std::filesystem::last_write_time(*checkpoint / "model.safetensors"), written);
+}
+
 TEST_F(TrainerTest, ResumeWithADifferentConfigIsAnError) {
   {
     Trainer first(config_, options("run", "", 2));
