@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <system_error>
 #include <vector>
@@ -61,6 +62,43 @@ std::string read_file(const fs::path& path) {
   return text.str();
 }
 
+// The config file's JSON. nlohmann keeps the last of two equal keys in an object, so a file that
+// names a key twice (an edit that added "lr" again further down) would silently lose one of the
+// values: refused, naming the dotted key.
+nlohmann::json parse_config_text(const std::string& text, const fs::path& file) {
+  std::vector<std::set<std::string>> keys_of_open_objects;
+  std::vector<std::string> path;  // the key that led to each open object ("" for the top level)
+  std::string last_key;
+  const auto check_keys = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      keys_of_open_objects.emplace_back();
+      path.push_back(last_key);
+    } else if (event == Event::object_end) {
+      keys_of_open_objects.pop_back();
+      path.pop_back();
+    } else if (event == Event::key) {
+      last_key = parsed.get<std::string>();
+      if (!keys_of_open_objects.back().insert(last_key).second) {
+        std::vector<std::string> dotted;
+        for (const std::string& key : path)
+          if (!key.empty()) dotted.push_back(key);
+        dotted.push_back(last_key);
+        throw ConfigError(fmt::format("{}", fmt::join(dotted, ".")),
+                          fmt::format("appears twice in {} (one of the two values would be ignored); keep one",
+                                      file.string()));
+      }
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, check_keys);
+  } catch (const nlohmann::json::parse_error& error) {
+    // nlohmann's message names the line and column of the syntax error.
+    throw ConfigError(file.string(), fmt::format("invalid JSON: {}", error.what()));
+  }
+}
+
 }  // namespace
 
 fs::path resolve_config_path(const fs::path& path) {
@@ -84,13 +122,7 @@ fs::path resolve_config_path(const fs::path& path) {
 
 RunConfig load_config(const fs::path& path, const std::vector<std::string>& overrides) {
   const fs::path file = resolve_config_path(path);
-  nlohmann::json json_config;
-  try {
-    json_config = nlohmann::json::parse(read_file(file));
-  } catch (const nlohmann::json::parse_error& error) {
-    // nlohmann's message names the line and column of the syntax error.
-    throw ConfigError(file.string(), fmt::format("invalid JSON: {}", error.what()));
-  }
+  nlohmann::json json_config = parse_config_text(read_file(file), file);
   for (const std::string& assignment : overrides) apply_override(json_config, assignment);
   const std::string source = overrides.empty() ? file.string() : file.string() + " with --set overrides";
   return config_from_json(json_config, source);

@@ -332,6 +332,15 @@ TEST(Config, LoadConfigAppliesOverridesAndReportsFileErrors) {
   scratch.write("broken.json", "{\n  \"model\": {\n    \"n_layer\": 2,\n  }\n}\n");
   expect_config_error([] { load_config("broken.json"); }, "broken.json", {"invalid JSON", "line 4"});
   expect_config_error([] { load_config("missing_dir/none.json"); }, "missing_dir/none.json", {"not found"});
+
+  // A key named twice in one object (nlohmann would keep the last silently), at any depth.
+  scratch.write("twice.json", R"({"optim": {"lr": 0.001, "min_lr": 0.0001, "lr": 0.002}})");
+  expect_config_error([] { load_config("twice.json"); }, "optim.lr", {"appears twice in", "twice.json"});
+  scratch.write("twice_top.json", R"({"out_dir": "a", "train": {"steps": 3}, "out_dir": "b"})");
+  expect_config_error([] { load_config("twice_top.json"); }, "out_dir", {"appears twice"});
+  // Equal keys in different objects are not twice.
+  scratch.write("apart.json", R"({"model": {"n_layer": 2}, "train": {"steps": 3}, "data": {"train": "x.bin"}})");
+  EXPECT_EQ(load_config("apart.json").data.train, "x.bin");
 }
 
 TEST(Config, BareNamesResolveToConfigsDirectories) {
