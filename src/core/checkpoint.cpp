@@ -321,22 +321,30 @@ std::optional<fs::path> latest_checkpoint(const fs::path& run_dir) {
   return std::nullopt;
 }
 
-CheckpointLocation locate_checkpoint(const fs::path& path) {
+namespace {
+
+// The step directory `path` names: itself, or a run directory's newest complete one.
+fs::path step_dir_named_by(const fs::path& path) {
   if (!fs::is_directory(path))
     throw CheckpointError(fmt::format("checkpoint {} does not exist or is not a directory", path));
+  if (!fs::is_directory(path / "checkpoints")) return path;
+  const auto latest = latest_checkpoint(path);
+  if (!latest) throw CheckpointError(fmt::format("run directory {} has no complete checkpoint under checkpoints/", path));
+  return *latest;
+}
+
+}  // namespace
+
+CheckpointLocation locate_checkpoint(const fs::path& path) {
   CheckpointLocation paths;
-  if (fs::is_directory(path / "checkpoints")) {
-    const auto latest = latest_checkpoint(path);
-    if (!latest)
-      throw CheckpointError(fmt::format("run directory {} has no complete checkpoint under checkpoints/", path));
-    paths.step_dir = *latest;
+  paths.step_dir = step_dir_named_by(path);
+  if (paths.step_dir != path) {
     paths.config_file = path / "config.json";
   } else {
     if (!fs::is_regular_file(path / "model.safetensors"))
       throw CheckpointError(fmt::format("checkpoint {} is neither a run directory (no checkpoints/ inside) nor a step "
                                         "directory (no model.safetensors inside)",
                                         path));
-    paths.step_dir = path;
     fs::path step = fs::absolute(path).lexically_normal();
     if (!step.has_filename()) step = step.parent_path();  // "…/step_N/" names the same directory
     paths.config_file = step.parent_path().parent_path() / "config.json";
@@ -349,14 +357,7 @@ CheckpointLocation locate_checkpoint(const fs::path& path) {
 }
 
 CheckpointData load_checkpoint(const fs::path& path, const ParameterLayout& layout, bool weights_only) {
-  if (!fs::is_directory(path))
-    throw CheckpointError(fmt::format("checkpoint {} does not exist or is not a directory", path));
-  fs::path step_dir = path;
-  if (fs::is_directory(path / "checkpoints")) {
-    const auto latest = latest_checkpoint(path);
-    if (!latest) throw CheckpointError(fmt::format("run directory {} has no complete checkpoint under checkpoints/", path));
-    step_dir = *latest;
-  }
+  const fs::path step_dir = step_dir_named_by(path);
 
   std::vector<std::string> required{kModelFile};
   if (!weights_only) required.push_back(kTrainerFile);
