@@ -411,7 +411,8 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     // the path with maxima. A bias that grows towards the diagonal (ALiBi's, PJ-bias's) moves the
     // maximum in most tiles: with the optimistic pass ALiBi's forward took 1.5× as long
     // (T = 16,384), so biased heads go straight to the maxima.
-    constexpr float kMaxLead = 8.0f, kMaxSum = 256.0f;  // kMaxSum = 2^kMaxLead
+    constexpr int kMaxLeadExponent = 8;
+    constexpr float kMaxLead = float(kMaxLeadExponent), kMaxSum = float(1 << kMaxLeadExponent);  // 2^kMaxLead
     // s ← exp2(s·scale·log2 e − m) for the running maximum m of each row (0 while it is −∞), and
     // sums[f][r] this lane's part of the row's sum.
     auto exponentials = [&](float (&s)[kFragments][kScoreBlocks][4], float (&sums)[kFragments][2]) {
