@@ -263,7 +263,10 @@ struct ForwardLayout {
 template <bool kWgmma>
 __device__ inline unsigned char* tile_memory(unsigned char* shared) {
   if constexpr (!kWgmma) return shared;
-  return reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared) + 1023) / 1024 * 1024);
+  // Offset from the pointer, not rounded as an integer: a pointer rebuilt from an integer loses
+  // its shared address space, and every access through it becomes a generic (slower) load/store.
+  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared));
+  return shared + (1024u - address % 1024u) % 1024u;
 }
 
 // All threads of the block: rows [first, first + rows) of a kWidth-wide bf16 matrix into a
