@@ -571,11 +571,13 @@ TEST_P(FlashKernels, MatchDenseReferenceWithLinearBiasSlopes) {
   expect_flash_matches_reference(p, deterministic);
 }
 
-// No score bias, and scores that grow along the keys (every q̃ channel + 0.5, every k̃ channel
-// + 0.03·s at key s): each 64-key tile's maximum lies about 2^11 (W = 64) or 2^16 (W = 128) above
+// No score bias, and scores that grow along the keys (every q̃ channel + 2, every k̃ channel
+// + 0.0075·s at key s): each 64-key tile's maximum lies about 2^11 (W = 64) or 2^16 (W = 128) above
 // the last one's, so the forward's optimistic exponentials (taken against the running maximum)
 // fail their check (probabilities ≤ 2^8) in most tiles and the tile's scores are computed again
-// (flash_forward_kernel).
+// (flash_forward_kernel). The growth sits mostly in q̃: a common offset of the keys cancels from
+// dq̃ = Σ_s dS·k̃_s only in exact arithmetic (Σ_s dS = 0), not in bf16 dS, so with k̃ + 0.03·s
+// dq̃'s error grew with T (1.09% at T = 200), a limit of bf16 dS rather than of these kernels.
 TEST_P(FlashKernels, MatchDenseReferenceWithoutBiasWhenTheMaximumKeepsMoving) {
   const auto& [widths, seq_len, deterministic] = GetParam();
   KernelProblem p = make_kernel_problem(2, seq_len, 3, widths.first, widths.second, 53u + seq_len);
@@ -583,10 +585,10 @@ TEST_P(FlashKernels, MatchDenseReferenceWithoutBiasWhenTheMaximumKeepsMoving) {
   std::fill(p.bias.begin(), p.bias.end(), 0.0f);
   const std::size_t W = std::size_t(widths.first);
   auto rounded = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
-  for (std::size_t i = 0; i < p.q.size(); ++i) p.q[i] = rounded(p.q[i] + 0.5f);
+  for (std::size_t i = 0; i < p.q.size(); ++i) p.q[i] = rounded(p.q[i] + 2.0f);
   for (std::size_t i = 0; i < p.k.size(); ++i) {
     const std::size_t key = (i / W) % std::size_t(seq_len);  // [B·H, T, W]
-    p.k[i] = rounded(p.k[i] + 0.03f * float(key));
+    p.k[i] = rounded(p.k[i] + 0.0075f * float(key));
   }
   expect_flash_matches_reference(p, deterministic);
 }
