@@ -333,12 +333,20 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   }
   const int key_end = i0 + kForwardRows < T ? i0 + kForwardRows : T;
   const int key_blocks = (key_end + kTile - 1) / kTile;
+  // A linear bias (ALiBi: slopes < 0) is largest at the diagonal: its heads visit the key blocks
+  // from the diagonal down, so that the running maximum is found first and the tiles after it
+  // take the optimistic pass below (ascending, the bias moved the maximum in most tiles).
+  // Only the wgmma kernels have the linear copy, and only their loop has this order.
+  const bool descending = bias_of_head.linear;
+  bool started = false;  // this warp (wgmma: warpgroup) has seen a key block
   auto body = [&](int kb, int stage) {
     const int j0 = kb * kTile;
 
     // Tiles wholly above the rows that multiply together (a warp's, or a warpgroup's) add nothing.
     const int first_row = kWgmma ? group_row0 : warp_row0, rows = kWgmma ? 64 : 16 * kFragments;
     if (j0 > i0 + first_row + rows - 1) return;
+    const bool first_block = !started;
+    started = true;
     const bf16* k_tile = k_tiles + stage * Layout::k;
     const bf16* v_tile = v_tiles + stage * Layout::v;
     // This warp's scores of key block kb in units of 1/scale, the bias added and the causal mask
@@ -406,14 +414,15 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     // (row_max + log2 row_sum) cancel exactly. Probabilities stay ≤ 2^kMaxLead: bf16 and the
     // fp32 sums hold them with room to spare.
     //
-    // Without a score bias, after a CTA's first key block, the exponentials are first taken
-    // relative to the running maximum without looking for the tile's own: if every lane's partial row sums stay
-    // ≤ 2^kMaxLead (so does every probability), that was the lazy rescaling's outcome anyway and
-    // the tile's maxima (32 FMNMX and two shuffles per row pair) were not needed. Otherwise (the
-    // maximum had to move, or an exponential overflowed) the scores are computed again and take
-    // the path with maxima. A bias that grows towards the diagonal (ALiBi's, PJ-bias's) moves the
-    // maximum in most tiles: with the optimistic pass ALiBi's forward took 1.5× as long
-    // (T = 16,384), so biased heads go straight to the maxima.
+    // Without a bias table, after the warp's first key block, the exponentials are first taken
+    // relative to the running maximum without looking for the tile's own: if every lane's
+    // partial row sums stay ≤ 2^kMaxLead (so does every probability), that was the lazy
+    // rescaling's outcome anyway and the tile's maxima (32 FMNMX and two shuffles per row pair)
+    // were not needed. Otherwise (the maximum had to move, or an exponential overflowed) the
+    // scores are computed again and take the path with maxima. A bias that grows towards the
+    // diagonal moves the maximum in most tiles of an ascending visit: with the optimistic pass
+    // ALiBi's forward took 1.5× as long (T = 16,384), hence its descending visit (above); a
+    // table (PJ-bias) has no known shape, and its heads go straight to the maxima.
     constexpr int kMaxLeadExponent = 8;
     constexpr float kMaxLead = float(kMaxLeadExponent), kMaxSum = float(1 << kMaxLeadExponent);  // 2^kMaxLead
     // s ← exp2(s·scale·log2 e − m) for the running maximum m of each row (0 while it is −∞), and
@@ -443,7 +452,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     float s[kFragments][kScoreBlocks][4];
     scores(s);
     bool optimistic_held = false;
-    if (kb > 0 && !bias_of_head.table && !bias_of_head.linear) {
+    if (!first_block && !bias_of_head.table) {
       float sums[kFragments][2];
       exponentials(s, sums);
       bool within = true;
@@ -520,14 +529,15 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   };
   if constexpr (kWgmma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Thread 0 loads with TMA: key block kb's k̃, v and bias slots, and the 128 query rows (two
-    // boxes of 64) with the first (tma::for_each_loaded).
-    auto issue = [&](int kb, int stage, std::uint64_t* barrier) {
-      const int j0 = kb * kTile;
-      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes + (kb == 0 ? 2 * (kW / 64) * kPanelBytes : 0) +
+    // Thread 0 loads with TMA: the n-th key block's k̃, v and bias slots, and the 128 query rows
+    // (two boxes of 64) with the first (tma::for_each_loaded).
+    auto block_at = [&](int n) { return descending ? key_blocks - 1 - n : n; };
+    auto issue = [&](int n, int stage, std::uint64_t* barrier) {
+      const int j0 = block_at(n) * kTile;
+      const std::uint32_t bytes = (kW / 64 + kDv / 64) * kPanelBytes + (n == 0 ? 2 * (kW / 64) * kPanelBytes : 0) +
                                   (bias_of_head.table ? tma::vector_box_bytes(Layout::lag_slots) : 0);
       tma::arrive_expecting(barrier, bytes);
-      if (kb == 0)
+      if (n == 0)
         for (int half = 0; half < 2; ++half)
           load_panels<kW>(q_tile + half * kTile * 64, &maps.q, 0, i0 + half * kTile, head.bh, barrier, kForwardRows);
       load_panels<kW>(k_tiles + stage * Layout::k, &maps.k, 0, j0, head.bh, barrier);
@@ -536,7 +546,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
       if (bias_of_head.table)
         load_bias_slots<kForwardRows>(bias_slots + stage * Layout::lag_stage, maps, head.h * T + i0 - j0, barrier);
     };
-    tma::for_each_loaded(0, key_blocks, issue, body);
+    tma::for_each_loaded(0, key_blocks, issue, [&](int n, int stage) { body(block_at(n), stage); });
 #endif
   } else {
     load_operand_tile_async<kW, kWgmma>(q_tile, head.q, kW, i0, kForwardRows, T);
