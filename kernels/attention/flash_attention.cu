@@ -1,7 +1,8 @@
 // Fused causal attention on tensor cores (see flash_attention.cuh and mma_tiles.cuh).
 //   forward:    CTA = (b·H + h, 128 query rows), 4 warps × 32 rows; streams 64-key tiles of k̃
 //               and v up to the diagonal through double-buffered shared memory (cp.async by all
-//               threads; in the wgmma kernels TMA copies issued by thread 0, tma.cuh).
+//               threads; in the wgmma kernels TMA copies issued by thread 0, tma.cuh); ALiBi's
+//               heads (a linear bias) visit the tiles from the diagonal down.
 //   key grad:   CTA = (b·H + h, 64 keys); streams 64-query tiles of q̃, dout, lse and D from the
 //               diagonal to the end, sums dk̃ and dv in registers; with a bias gradient it also
 //               sums dS along lags into its own partial row (no atomics). Non-deterministic
