@@ -11,6 +11,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 namespace pope::kernels {
 
 // Largest jet order K (core/position_methods.hpp's kMaxPjOrder; the two must agree).
@@ -50,10 +52,15 @@ struct PjBiasGradients {
 // non-positive sizes.
 cudaError_t pj_bias_table(const PjBiasParams& params, int seq_len, float* table, cudaStream_t stream);
 
+// Doubles of the scratch pj_bias_backward needs for this call (0 for invalid parameters).
+std::size_t pj_bias_backward_partial_doubles(const PjBiasParams& params, int seq_len);
+
 // gradients += Σ_Δ diag_grad[h·T + Δ]·∂b_h(Δ)/∂θ for every parameter θ of every head.
-// Deterministic: one block per head, each thread a fixed stride of lags in fp64, then
-// fixed-shape block sums; the result does not depend on the GPU or on scheduling.
+// `partials`: device scratch of pj_bias_backward_partial_doubles() doubles. Deterministic: a
+// block per (head, 256 lags) sums its lags' fp64 terms in a fixed shape into `partials`, then a
+// thread per (head, parameter) adds the blocks' sums in order; the result does not depend on
+// the GPU or on scheduling.
 cudaError_t pj_bias_backward(const PjBiasParams& params, int seq_len, const float* diag_grad,
-                             const PjBiasGradients& gradients, cudaStream_t stream);
+                             const PjBiasGradients& gradients, double* partials, cudaStream_t stream);
 
 }  // namespace pope::kernels

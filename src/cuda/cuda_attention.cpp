@@ -182,7 +182,8 @@ void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDi
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, phases;
+  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, pj_partials,
+      phases;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias, bias_slopes;
 #ifdef POPE_HAVE_CUDNN
@@ -348,7 +349,7 @@ std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
   std::size_t total = s.frequencies.bytes() + s.bias.bytes() + s.bias_slopes.bytes() + s.cudnn_bytes();
   for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
-                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.phases})
+                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.pj_partials, &s.phases})
     total += block->bytes();
   return total;
 }
@@ -466,7 +467,11 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
     transform_backward(gradients.dq_bf16, gradients.dk_bf16);
   else if (!gradients.qk_backward_fused)
     transform_backward(gradients.dq, gradients.dk);
-  if (pj) POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, stream));
+  if (pj) {
+    double* partials = reserve_elements<double>(scratch_->pj_partials,
+                                                kernels::pj_bias_backward_partial_doubles(pj->params, dims.seq_len));
+    POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, partials, stream));
+  }
 }
 
 }  // namespace pope::cuda

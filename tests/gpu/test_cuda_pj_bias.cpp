@@ -1,8 +1,8 @@
 // The PJ-bias kernels (kernels/attention/pj_bias.*), driven through cuda/pj_bias_layer from a
 // composed method as AttentionRunner would, against the CPU encoding: the [H, T] bias table
 // and every parameter gradient from random diagonal sums Ĝ, for both ρ, several sector masks
-// and orders, and lengths that are not multiples of the kernels' 256-lag blocks; the backward
-// must be bitwise reproducible.
+// and orders (each of the kernels' order bounds 4, 8 and 16), and lengths that are not multiples
+// of the kernels' 256-lag blocks; the backward must be bitwise reproducible.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -132,11 +132,15 @@ TEST_P(CudaPjBias, TableAndGradientsMatchTheCpuEncoding) {
   POPE_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_LT(relative_error(table.download(), want_table), kTableTolerance);
 
-  // Backward from random Ĝ.
+  // Backward from random Ĝ (its partial sums' scratch poisoned).
   const std::vector<float> diag = random_floats(std::size_t(kHeads) * T, 99);
   for (int h = 0; h < kHeads; ++h) cpu.score_bias_backward(ctx, h, values, diag.data() + std::size_t(h) * T, grads);
   DeviceBuffer device_diag(diag);
-  POPE_CUDA_CHECK(kernels::pj_bias_backward(gpu, T, device_diag.data(), gpu_grads, nullptr));
+  const std::size_t partial_doubles = kernels::pj_bias_backward_partial_doubles(gpu, T);
+  ASSERT_GT(partial_doubles, 0u);
+  DeviceBuffer partials(std::vector<float>(2 * partial_doubles, std::nanf("")));
+  double* partial_sums = reinterpret_cast<double*>(partials.data());
+  POPE_CUDA_CHECK(kernels::pj_bias_backward(gpu, T, device_diag.data(), gpu_grads, partial_sums, nullptr));
   POPE_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<std::vector<float>> first;
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -151,7 +155,7 @@ TEST_P(CudaPjBias, TableAndGradientsMatchTheCpuEncoding) {
     again.push_back(std::make_unique<DeviceBuffer>(reset));
     gpu_grads.values[i] = again[i]->data();
   }
-  POPE_CUDA_CHECK(kernels::pj_bias_backward(gpu, T, device_diag.data(), gpu_grads, nullptr));
+  POPE_CUDA_CHECK(kernels::pj_bias_backward(gpu, T, device_diag.data(), gpu_grads, partial_sums, nullptr));
   POPE_CUDA_CHECK(cudaDeviceSynchronize());
   for (std::size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(again[i]->download(), first[i]) << specs[i].name;
 }
@@ -160,7 +164,8 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, CudaPjBias,
     ::testing::Values(Case{"linear", {true, true, true}, 3, 1}, Case{"linear", {true, true, true}, 3, 300},
                       Case{"lightcone", {true, true, true}, 2, 513}, Case{"linear", {false, true, false}, 3, 257},
-                      Case{"lightcone", {true, false, true}, 0, 1000}, Case{"linear", {false, true, true}, 15, 200}),
+                      Case{"lightcone", {true, false, true}, 0, 1000}, Case{"linear", {false, true, true}, 15, 200},
+                      Case{"lightcone", {true, true, true}, 5, 700}),
     [](const auto& info) { return case_name(info.param); });
 
 TEST(CudaPjBiasLayer, FindsTheBiasOnlyInComposedMethods) {
@@ -201,7 +206,14 @@ TEST(CudaPjBiasArguments, RejectsInvalidParameters) {
   p.sector_enabled[1] = false;  // no sector
   EXPECT_EQ(kernels::pj_bias_table(p, 16, table, nullptr), cudaErrorInvalidValue);
   p.sector_enabled[1] = true;
-  EXPECT_EQ(kernels::pj_bias_backward(p, 16, table, kernels::PjBiasGradients{}, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::pj_bias_backward(p, 16, table, kernels::PjBiasGradients{}, reinterpret_cast<double*>(table),
+                                      nullptr),
+            cudaErrorInvalidValue);
+  kernels::PjBiasGradients gradients;
+  for (float*& g : gradients.values) g = table;
+  EXPECT_EQ(kernels::pj_bias_backward(p, 16, table, gradients, nullptr, nullptr), cudaErrorInvalidValue)
+      << "no scratch for the partial sums";
+  EXPECT_EQ(kernels::pj_bias_backward_partial_doubles(p, 0), 0u);
   cudaFree(table);
 }
 
