@@ -5,8 +5,8 @@
 //
 // Definitions are those of the CPU oracle (src/core/pj_bias_math.*): every lag is evaluated
 // in fp64 from the f32 parameters and the table stored in f32, so the GPU table equals the
-// CPU float table up to the last f32 rounding. The cost is O(H·T·K) per layer and call,
-// nothing next to the attention itself.
+// CPU float table up to the last f32 rounding. The cost is O(H·T·K) per layer and call: at the
+// 124M shape 8.5 µs (table) and 14 µs (backward) next to ~900 µs of attention kernels.
 #pragma once
 
 #include <cuda_runtime.h>
