@@ -78,7 +78,10 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   std::shared_ptr<spdlog::logger> logger;
   if (is_root()) {
-    std::filesystem::create_directories(run_dir_);
+    std::error_code ec;
+    std::filesystem::create_directories(run_dir_, ec);
+    if (ec)
+      throw ConfigError("--out", fmt::format("cannot create the run directory {}: {}", run_dir_.string(), ec.message()));
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>((run_dir_ / "train.log").string());
     logger = std::make_shared<spdlog::logger>("pope-train", spdlog::sinks_init_list{console, file});
     if (options_.quiet) console->set_level(spdlog::level::warn);

@@ -38,6 +38,11 @@ printf 'abc' >"$SCRATCH/odd.bin"
 expect_exit 1 "$TRAIN" --config "$SCRATCH/tiny.json" --set data.train="$SCRATCH/odd.bin" --out "$SCRATCH/bad"
 expect_output "odd.bin"
 
+# A run directory that cannot be made (a file in its place): exit 2, naming --out and the path.
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/odd.bin/run"
+expect_output "--out"
+expect_output "odd.bin/run"
+
 # A real run: validation loss falls; the run directory holds config, metrics, log, checkpoints.
 expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/run"
 expect_output "val loss"
