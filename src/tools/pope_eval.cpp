@@ -93,6 +93,15 @@ int run_length_sweep(const Options& o) {
   // The books are opened (memory-mapped and checked) once for all checkpoints, against the
   // smallest vocabulary among them.
   const pope::TokenDataset data = pope::TokenDataset::open(o.data, vocab_size);
+  // A length longer than every book is reported with 0 windows (a sweep may outgrow short
+  // books); a sweep where no length fits would report nothing but NaN.
+  std::size_t longest_book = 0;
+  for (const auto& file : data.files()) longest_book = std::max(longest_book, file.size());
+  if (std::none_of(sweep.lengths.begin(), sweep.lengths.end(),
+                   [&](int L) { return std::size_t(L) + 1 <= longest_book; }))
+    throw pope::ConfigError("--lengths", fmt::format("no length in '{}' fits a window of {}: a length L takes a book "
+                                                     "of at least L + 1 tokens, and its longest holds {}",
+                                                     o.lengths, o.data, longest_book));
   auto backend = pope::make_backend(o.device, "float", o.threads);
 
   pope::EvalReport report;

@@ -60,6 +60,21 @@ expect_output "--json: \"$SCRATCH\" is a directory"
 expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 32 --csv "$SCRATCH/no/dir/x.csv"
 expect_output "no/dir/x.csv\" does not exist"
 
+# A length longer than every book is reported with 0 windows and a warning; a sweep where no
+# length fits (the longest book holds 3000 tokens) is refused before any forward.
+expect_exit 0 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 1024,4000 --device cpu \
+  --threads 1 --json "$SCRATCH/partly.json"
+expect_output "length 4000: no book holds a window of 4001 tokens; skipped"
+python3 - "$SCRATCH/partly.json" <<'PY' || fail "a length without windows is not reported as such"
+import json, sys
+rows = {r["length"]: r for r in json.load(open(sys.argv[1]))["curves"][0]["results"]}
+assert rows[1024]["windows"] == 3 and rows[4000]["windows"] == 0, rows
+assert rows[4000]["perplexity"] is None, rows[4000]
+PY
+expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 3000,4000
+expect_output "--lengths: no length in '3000,4000' fits a window of $SCRATCH/books"
+expect_output "its longest holds 3000"
+
 # Data and checkpoint errors: exit 1, naming the file.
 expect_exit 1 "$EVAL" --checkpoint "$SCRATCH/missing_run" --data "$SCRATCH/books" --lengths 32
 expect_output "missing_run"
