@@ -13,6 +13,7 @@
 #include "pope/bench.hpp"
 #include "pope/checkpoint.hpp"
 #include "pope/config.hpp"
+#include "number_checks.hpp"
 #include "output_file.hpp"
 
 namespace {
@@ -39,10 +40,10 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   train->add_option("--steps", cmd.options.timed_steps, "timed optimizer steps (median reported)")
       ->default_val(10)
-      ->check(CLI::PositiveNumber);
+      ->check(pope::tools::kPositive);
   train->add_option("--warmup", cmd.options.warmup_steps, "untimed steps first")
       ->default_val(3)
-      ->check(CLI::NonNegativeNumber);
+      ->check(pope::tools::kNonNegative);
   train->add_option("--seed", cmd.options.seed, "seed of the random tokens (and of --dump-step's jitter)")
       ->default_val(1337);
   train->add_flag("--data", cmd.options.use_data, "random windows of data.train instead of random tokens");
@@ -78,15 +79,15 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
   attention->add_option("--lengths", cmd.options.lengths, "sequence lengths T, each ≤ --tokens")
       ->delimiter(',')
       ->default_str("1024,4096,10240,16384");
-  attention->add_option("--tokens", cmd.options.tokens, "tokens per run: B = ⌊tokens / T⌋")->default_val(16384)->check(CLI::PositiveNumber);
-  attention->add_option("--heads", cmd.options.n_head, "heads H")->default_val(12)->check(CLI::PositiveNumber);
-  attention->add_option("--head-dim", cmd.options.head_dim, "head dimension d")->default_val(64)->check(CLI::PositiveNumber);
+  attention->add_option("--tokens", cmd.options.tokens, "tokens per run: B = ⌊tokens / T⌋")->default_val(16384)->check(pope::tools::kPositive);
+  attention->add_option("--heads", cmd.options.n_head, "heads H")->default_val(12)->check(pope::tools::kPositive);
+  attention->add_option("--head-dim", cmd.options.head_dim, "head dimension d")->default_val(64)->check(pope::tools::kPositive);
   attention->add_option("--warmup", cmd.options.warmup, "untimed forward+backward calls first")
       ->default_val(5)
-      ->check(CLI::NonNegativeNumber);
+      ->check(pope::tools::kNonNegative);
   attention->add_option("--repeats", cmd.options.repeats, "timed calls per phase (median reported)")
       ->default_val(30)
-      ->check(CLI::PositiveNumber);
+      ->check(pope::tools::kPositive);
   attention->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
       ->check(pope::tools::kOutputFile);
   attention->add_option("--impl", cmd.impl,

@@ -18,6 +18,7 @@
 #include "pope/corpus.hpp"
 #include "pope/data.hpp"
 #include "pope/tokenizer.hpp"
+#include "number_checks.hpp"
 
 namespace {
 
@@ -116,7 +117,7 @@ int main(int argc, char** argv) {
   tokenize->add_option("--text-field", options.read.text_field, "JSONL field holding the text")->capture_default_str();
   tokenize->add_option("-j,--threads", options.threads, "threads (0: every core)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(pope::tools::kNonNegative);
   tokenize->add_flag("--overwrite", options.overwrite, "replace token files already in the output directory");
   tokenize->add_flag("-q,--quiet", quiet, "no progress bar and no summary");
 

@@ -20,6 +20,7 @@
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/pj_diagnostics.hpp"
+#include "number_checks.hpp"
 #include "output_file.hpp"
 
 namespace {
@@ -231,12 +232,12 @@ int main(int argc, char** argv) {
   app.add_option("--lengths", o.lengths, "FIRST:LAST:STEP (inclusive), a comma-separated list or one length");
   app.add_option("--tail", o.sweep.tail, "also report the perplexity of the last N positions of each window")
       ->default_val(1024)
-      ->check(CLI::PositiveNumber);
+      ->check(pope::tools::kPositive);
   app.add_option("--max-batch-tokens", o.sweep.max_batch_tokens,
                  "tokens per forward at most (windows × length; at least one window). Activation memory grows "
                  "with it: about n_layer × 16 × n_embd values per token (124M in bf16: ≈ 0.3 MB/token)")
       ->default_val(32768)
-      ->check(CLI::PositiveNumber);
+      ->check(pope::tools::kPositive);
   app.add_option("--max-windows", o.sweep.max_windows, "evaluate N windows per length spread evenly over the data "
                                                        "(the trainer's validation choice with N = eval_batches × "
                                                        "micro_batch_size); 0: all windows")
@@ -256,7 +257,7 @@ int main(int argc, char** argv) {
   app.add_option("-s,--set", o.overrides, "override a model.* key of the checkpoints' config, e.g. "
                                           "--set model.context_length=2048 (repeatable)");
   app.add_option("--device", o.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--threads", o.threads, "CPU threads; 0: all cores")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads, "CPU threads; 0: all cores")->check(pope::tools::kNonNegative);
   app.add_option("--csv", o.csv, "write one row per checkpoint × length")->check(pope::tools::kOutputFile);
   app.add_option("--json", o.json, "write the results and settings as JSON")->check(pope::tools::kOutputFile);
   app.add_option("--plot", o.plot, "write a PNG of perplexity versus length (needs gnuplot)")
@@ -265,7 +266,7 @@ int main(int argc, char** argv) {
                                            "write --plot; no evaluation");
   app.add_option("--train-len", o.train_len, "plot: mark only this training length (default: each curve's "
                                              "train.seq_len)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pope::tools::kNonNegative);
   app.add_flag("-q,--quiet", o.quiet, "no progress lines");
   app.add_option("--task", o.task, "task mode: test-set accuracy (and per shift) of a checkpoint trained on the task; "
                                    "--json writes it")

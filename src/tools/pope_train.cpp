@@ -19,6 +19,7 @@
 #include "pope/model.hpp"
 #include "pope/position.hpp"
 #include "pope/train.hpp"
+#include "number_checks.hpp"
 
 namespace {
 
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--stop-at", stop_at, "checkpoint and exit 0 after this global step (time-sliced jobs; the LR "
                                       "schedule still spans train.steps)")
-      ->check(CLI::PositiveNumber);
+      ->check(pope::tools::kPositive);
   app.add_flag("--no-checkpoints", no_checkpoints,
                "write no checkpoint, not even at the end (benchmark and scaling runs); the run cannot be resumed")
       ->excludes("--stop-at");
