@@ -153,10 +153,11 @@ __device__ void evaluate_lag(const PjBiasParams& p, const Head<kOrders>& head, i
 // One head's gradient partials, flat so that a block reduces them in one pass: ω, the FJ damping
 // and the affine slope, the three gate logits, then per sector (FJ, LC) the order logits, Re ζ
 // and Im ζ, kOrders each.
+constexpr int partial_count(int orders) { return 6 + 6 * orders; }
 template <int kOrders>
 struct Partials {
   static constexpr int kOmega = 0, kDamping = 1, kSlope = 2, kGate = 3, kFjBase = 6, kLcBase = 6 + 3 * kOrders;
-  static constexpr int kCount = 6 + 6 * kOrders;
+  static constexpr int kCount = partial_count(kOrders);
   // Offsets inside a sector's block.
   static constexpr int kOrder = 0, kRe = kOrders, kIm = 2 * kOrders;
   double value[kCount];
@@ -277,15 +278,25 @@ bool valid(const PjBiasParams& p, int seq_len) {
          any_sector;
 }
 
-// body(std::integral_constant<int, kOrders>) with kOrders the smallest of 4, 8, 16 holding the
-// call's K + 1 orders (4: the default K = 3 and below).
+// The kernels' compile-time order bound for a call: the smallest of 4, 8, 16 holding its K + 1
+// orders (4: the default K = 3 and below).
+int order_bound(const PjBiasParams& p) {
+  static_assert(kPjBiasMaxOrder + 1 <= 16, "the largest order bound must hold every order");
+  const int orders = p.order + 1;
+  return orders <= 4 ? 4 : orders <= 8 ? 8 : 16;
+}
+
+// body(std::integral_constant<int, order_bound(p)>).
 template <class Body>
 cudaError_t with_order_bound(const PjBiasParams& p, Body&& body) {
-  const int orders = p.order + 1;
-  if (orders <= 4) return body(std::integral_constant<int, 4>{});
-  if (orders <= 8) return body(std::integral_constant<int, 8>{});
-  static_assert(kPjBiasMaxOrder + 1 <= 16, "with_order_bound's largest bound must hold every order");
-  return body(std::integral_constant<int, 16>{});
+  switch (order_bound(p)) {
+    case 4:
+      return body(std::integral_constant<int, 4>{});
+    case 8:
+      return body(std::integral_constant<int, 8>{});
+    default:
+      return body(std::integral_constant<int, 16>{});
+  }
 }
 
 int chunks_of(int seq_len) { return (seq_len + kLagsPerBlock - 1) / kLagsPerBlock; }
@@ -303,12 +314,7 @@ cudaError_t pj_bias_table(const PjBiasParams& params, int seq_len, float* table,
 
 std::size_t pj_bias_backward_partial_doubles(const PjBiasParams& params, int seq_len) {
   if (!valid(params, seq_len)) return 0;
-  std::size_t per_chunk = 0;
-  with_order_bound(params, [&](auto bound) {
-    per_chunk = Partials<decltype(bound)::value>::kCount;
-    return cudaSuccess;
-  });
-  return std::size_t(params.n_head) * std::size_t(chunks_of(seq_len)) * per_chunk;
+  return std::size_t(params.n_head) * std::size_t(chunks_of(seq_len)) * std::size_t(partial_count(order_bound(params)));
 }
 
 cudaError_t pj_bias_backward(const PjBiasParams& params, int seq_len, const float* diag_grad,

@@ -192,6 +192,28 @@ TEST(CudaPjBiasLayer, FindsTheBiasOnlyInComposedMethods) {
   EXPECT_FALSE(cuda::pj_bias_layer(NopeEncoding{}, ctx, {}).has_value());
 }
 
+// Host-only: the backward's scratch, per head and 256-lag block, holds the partial sums of ω, the
+// FJ damping, the affine slope, three gate logits and 3 per order and oscillating sector, orders
+// counted up to the kernels' bound (4, 8 or 16).
+TEST(CudaPjBiasArguments, SizesTheBackwardScratchByTheOrderBound) {
+  kernels::PjBiasParams p;
+  p.n_head = 3;
+  p.train_length = 64;
+  p.sector_enabled[0] = true;
+  const int two_blocks = 300, one_block = 256;
+  p.order = 3;
+  EXPECT_EQ(kernels::pj_bias_backward_partial_doubles(p, two_blocks), 3u * 2u * (6u + 6u * 4u));
+  EXPECT_EQ(kernels::pj_bias_backward_partial_doubles(p, one_block), 3u * 1u * (6u + 6u * 4u));
+  p.order = 0;
+  EXPECT_EQ(kernels::pj_bias_backward_partial_doubles(p, two_blocks), 3u * 2u * (6u + 6u * 4u));
+  p.order = 4;
+  EXPECT_EQ(kernels::pj_bias_backward_partial_doubles(p, two_blocks), 3u * 2u * (6u + 6u * 8u));
+  p.order = kernels::kPjBiasMaxOrder;
+  EXPECT_EQ(kernels::pj_bias_backward_partial_doubles(p, two_blocks), 3u * 2u * (6u + 6u * 16u));
+  p.order = kernels::kPjBiasMaxOrder + 1;
+  EXPECT_EQ(kernels::pj_bias_backward_partial_doubles(p, two_blocks), 0u);
+}
+
 TEST(CudaPjBiasArguments, RejectsInvalidParameters) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   kernels::PjBiasParams p;
