@@ -83,30 +83,26 @@ __device__ inline SoftplusParts softplus_parts(float x) {
   return {fmaxf(x, 0.0f) + log1p_t, x >= 0.0f ? reciprocal : t * reciprocal};
 }
 
-// PoPE magnitudes μ = f(x).
-__device__ inline float pope_magnitude(PopeMagnitudeKind kind, float x) {
+// PoPE magnitude μ = f(x) and its derivative dμ/dx, for passes that need both (the δ pass):
+// softplus's pair comes from one exponential, not two.
+__device__ inline SoftplusParts pope_magnitude_parts(PopeMagnitudeKind kind, float x) {
   switch (kind) {
     case PopeMagnitudeKind::softplus:
-      return softplus_parts(x).value;
+      return softplus_parts(x);
     case PopeMagnitudeKind::relu:
-      return x > 0.0f ? x : 0.0f;
+      return x > 0.0f ? SoftplusParts{x, 1.0f} : SoftplusParts{0.0f, 0.0f};
     case PopeMagnitudeKind::identity:
       break;
   }
-  return x;
+  return {x, 1.0f};
 }
+
+// PoPE magnitudes μ = f(x).
+__device__ inline float pope_magnitude(PopeMagnitudeKind kind, float x) { return pope_magnitude_parts(kind, x).value; }
 
 // dμ/dx of the function pope_magnitude computes.
 __device__ inline float pope_magnitude_derivative(PopeMagnitudeKind kind, float x) {
-  switch (kind) {
-    case PopeMagnitudeKind::softplus:
-      return softplus_parts(x).derivative;
-    case PopeMagnitudeKind::relu:
-      return x > 0.0f ? 1.0f : 0.0f;
-    case PopeMagnitudeKind::identity:
-      break;
-  }
-  return 1.0f;
+  return pope_magnitude_parts(kind, x).derivative;
 }
 
 // δ acts clamped to [−2π, 0]; outside that range it gets no gradient (on the bounds it does).
