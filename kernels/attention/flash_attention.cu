@@ -635,6 +635,49 @@ __device__ void store_encoded_gradient_row(const float (&acc)[kW / 8][4], int r,
 // wgmma its shared staging tile).
 constexpr int kDqChunk = 64;
 
+// The diagonal sums of a 64 × 64 dS tile (keys × queries), the tile's part of Ĝ(Δ), go through
+// a shared table of kLagSlots diagonals × 16 parts, diagonal-major (kDiagonalStride floats per
+// diagonal: 16 parts and a pad that spreads a warp's writes over all 32 banks and keeps each
+// diagonal 16-byte aligned). write_diagonal_parts fills it, diagonal_sum adds one diagonal up.
+constexpr int kDiagonalParts = 16, kDiagonalStride = kDiagonalParts + 4;
+
+// A lane's accumulator elements (nb, e) and (nb + 1, e + 2) lie on one diagonal (8 keys down,
+// 8 queries right): query − key = 8nb + 2q + e − g − 16·warp. The lane adds those pairs (nb =
+// −1 … 7), then takes in lane (g + 1, q)'s e = 1 sums, which lie on its own e = 0 diagonals
+// (lane (0, q)'s at nb − 1: its rows come 8 after lane (7, q)'s). What is left, 8nb + 2q − g −
+// 16·warp for nb = −1 … 8, differs between the 8 lanes of one q, so each lane writes part
+// 4·warp + q of its diagonals, and every (diagonal, part) cell is written by at most one lane;
+// cells no lane writes stay as zeroed before the first tile.
+__device__ inline void write_diagonal_parts(const float (&ds)[kScoreBlocks][4], const Lane& lane, float* table) {
+  // The pair of nb = slot − 1, e (zero for slots past the tile's blocks).
+  auto pair = [&](int slot, int e) {
+    const int nb = slot - 1;
+    const bool upper = nb >= 0 && nb < kScoreBlocks, lower = nb + 1 >= 0 && nb + 1 < kScoreBlocks;
+    return (upper ? ds[upper ? nb : 0][e] : 0.0f) + (lower ? ds[lower ? nb + 1 : 0][e + 2] : 0.0f);
+  };
+  const int from = (int(threadIdx.x) + 4) % kWarpSize;  // lane (g + 1 mod 8, q)
+  const bool shifted = lane.g == 0;                      // sends its nb − 1 sums to lane (7, q)
+  float* part = table + (lane.column(0, 0) - lane.row(0) + kTile - 1) * kDiagonalStride + 4 * lane.warp + lane.q;
+#pragma unroll
+  for (int slot = 0; slot <= kScoreBlocks + 1; ++slot) {  // slot = nb + 1, nb = −1 … 8
+    const float received = __shfl_sync(0xffffffffu, shifted ? pair(slot - 1, 1) : pair(slot, 1), from);
+    // nb = 8 holds a sum only in lanes (7, q), whose diagonals there are at most 63.
+    if (slot <= kScoreBlocks || lane.g == 7) part[(slot - 1) * 8 * kDiagonalStride] = pair(slot, 0) + received;
+  }
+}
+
+// Σ of the 16 parts of table diagonal i (a fixed order: deterministic).
+__device__ inline float diagonal_sum(const float* table, int i) {
+  const float4* parts = reinterpret_cast<const float4*>(table + i * kDiagonalStride);
+  float total = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kDiagonalParts / 4; ++k) {
+    const float4 v = parts[k];
+    total += (v.x + v.y) + (v.z + v.w);
+  }
+  return total;
+}
+
 // wgmma (kWgmma, sm_90a, d = 64): the same warps form one warpgroup; the tiles are
 // swizzled (wgmma.cuh) and the five products run on wgmma — Sᵀ and dPᵀ with both operands in
 // shared memory, dv and dk̃ with Pᵀ, dSᵀ from registers, dq̃ (atomic mode) from dS in shared memory.
@@ -650,16 +693,13 @@ struct KeyGradLayout {
   // wgmma, atomic mode: floats after the tiles (1024-byte aligned) staging a chunk of dq̃ for
   // tma::reduce_add_tile
   static constexpr int dq_stage = kAtomicDq && kWgmma ? kTile * kDqChunk : 0;
-  // floats after the tiles: lse and D of two stages, bias slots of two stages, lag sums
+  // floats after the tiles: lse and D of two stages, bias slots of two stages, then (bias_grad)
+  // the diagonal parts of the lag sums
   static constexpr int row_stage = tma::vector_slots(kTile), lag_stage = tma::vector_slots(kLagSlots);
-  static constexpr int statistics = 2 * row_stage + 2 * row_stage + 2 * lag_stage + kLagSlots;
-  // The lag sums' skewed tile: 32 rows (two tile rows 8 apart folded into one) × a diagonal
-  // per column; the stride spreads a warp's writes over the banks (at most 2 lanes per bank).
-  static constexpr int skew_rows = kTile / 2;
-  static constexpr int skew_stride = kLagSlots + 4;
+  static constexpr int statistics = 2 * row_stage + 2 * row_stage + 2 * lag_stage;
   static constexpr std::size_t bytes(bool bias_grad) {
     return std::size_t(tiles) * sizeof(bf16) +
-           (dq_stage + statistics + (bias_grad ? skew_rows * skew_stride : 0)) * sizeof(float) +
+           (dq_stage + statistics + (bias_grad ? kLagSlots * kDiagonalStride : 0)) * sizeof(float) +
            (kWgmma ? 1024 : 0);  // tile_memory's alignment
   }
 };
@@ -703,8 +743,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   float* lse_slots = dq_stage + Layout::dq_stage;
   float* row_dot_slots = lse_slots + 2 * Layout::row_stage;
   float* bias_slots = row_dot_slots + 2 * Layout::row_stage;
-  float* lag_sums = bias_slots + 2 * Layout::lag_stage;
-  float* lag_skew = lag_sums + kLagSlots;
+  float* diagonal_parts = bias_slots + 2 * Layout::lag_stage;
 
   const AttentionHead head(dims, in, int(blockIdx.x));
   const int T = dims.seq_len, d = dims.head_dim;
@@ -738,10 +777,10 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   float* partial_row = sums_lags ? grads.bias_grad_partials + (std::int64_t(head.bh) * query_blocks + key_block) * T
                                  : nullptr;
   const int lags_owned = T - j0;
-  // Cells of the skewed tile that no lane writes (outside a row's diagonals) stay zero; the
-  // loop's first barrier orders this before the first tile's writes.
+  // Cells of the diagonal parts that no lane writes stay zero; the loop's first barrier orders
+  // this before the first tile's writes.
   if (sums_lags)
-    for (int x = int(threadIdx.x); x < Layout::skew_rows * Layout::skew_stride; x += kThreads) lag_skew[x] = 0.0f;
+    for (int x = int(threadIdx.x); x < kLagSlots * kDiagonalStride; x += kThreads) diagonal_parts[x] = 0.0f;
 
   auto body = [&](int qb, int stage) {
     const int step = qb - key_block, i0 = qb * kTile;
@@ -795,6 +834,20 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
           }
       });
     });
+    // This tile's dS summed along lags into the partial row (bias gradients only).
+    auto add_lag_sums = [&] {
+      write_diagonal_parts(ds, lane, diagonal_parts);
+      __syncthreads();  // (the loop's barrier after the tile orders these reads before the next writes)
+      const int i = int(threadIdx.x);
+      if (i < kTile) {
+        if (step > 0) {  // lag 64·(step − 1) + i is complete: its part from this tile is diagonal i − 64
+          const int lag = kTile * (step - 1) + i;
+          const float total = carried_lag_sum + (i >= 1 ? diagonal_sum(diagonal_parts, i - 1) : 0.0f);
+          if (lag < lags_owned) partial_row[lag] = total;
+        }
+        carried_lag_sum = diagonal_sum(diagonal_parts, i + kTile - 1);
+      }
+    };
     std::uint32_t a[kScoreSteps][4];
     accumulators_to_operand(a, p);
     if constexpr (kWgmma) {
@@ -809,9 +862,11 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
       for (int panel = 0; panel < kW / 64; ++panel)
         wgmma::issue_registers<kScoreSteps>(reinterpret_cast<float(&)[8][4]>(dk[8 * panel]), a_ds,
                                             q_tile + panel * kTile * 64);
+      if (sums_lags) add_lag_sums();  // while the tensor cores run
       wgmma::complete(dv, dk, a, a_ds);
 #endif
     } else {
+      if (sums_lags) add_lag_sums();
       mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);  // dv += Pᵀ · dout
       accumulators_to_operand(a, ds);
       mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
@@ -882,41 +937,6 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
                               dq[nb][2 * r + 1] * in.score.scale);
           }
         }
-      }
-    }
-
-    if (sums_lags) {
-      // Accumulator elements (nb, e) and (nb + 1, e + 2) of a lane lie on one diagonal (8 keys
-      // down, 8 queries right), so each lane adds those pairs first (18 sums of its 32 values)
-      // and writes each into its row 8·warp + g of the skewed tile, in the column of its
-      // diagonal query − key + 63; thread i < 127 then sums column i over the 32 rows, in
-      // four interleaved chains of fixed order (deterministic).
-      float* skew_row = lag_skew + (lane.warp * 8 + lane.g) * Layout::skew_stride;
-#pragma unroll
-      for (int nb = -1; nb < kScoreBlocks; ++nb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float upper = nb >= 0 ? ds[nb < 0 ? 0 : nb][e] : 0.0f;
-          const float lower = nb + 1 < kScoreBlocks ? ds[nb + 1][e + 2] : 0.0f;
-          const int diagonal = lane.column(nb, e) - lane.row(e);  // query − key, −63 … 63
-          skew_row[diagonal + kTile - 1] = upper + lower;
-        }
-      __syncthreads();
-      const int i = int(threadIdx.x);
-      if (i < kLagSlots - 1) {
-        float chains[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < Layout::skew_rows; ++r) chains[r % 4] += lag_skew[r * Layout::skew_stride + i];
-        lag_sums[i] = (chains[0] + chains[1]) + (chains[2] + chains[3]);
-      }
-      __syncthreads();
-      if (i < kTile) {
-        if (step > 0) {  // lag 64·(step − 1) + i is complete: its part from this tile is diagonal i − 64
-          const int lag = kTile * (step - 1) + i;
-          const float total = carried_lag_sum + (i >= 1 ? lag_sums[i - 1] : 0.0f);
-          if (lag < lags_owned) partial_row[lag] = total;
-        }
-        carried_lag_sum = lag_sums[i + kTile - 1];
       }
     }
   };
