@@ -336,9 +336,13 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   const int key_blocks = (key_end + kTile - 1) / kTile;
   // A linear bias (ALiBi: slopes < 0) is largest at the diagonal: its heads visit the key blocks
   // from the diagonal down, so that the running maximum is found first and the tiles after it
-  // take the optimistic pass below (ascending, the bias moved the maximum in most tiles).
-  // Only the wgmma kernels have the linear copy, and only their loop has this order.
-  const bool descending = bias_of_head.linear;
+  // take the optimistic pass below (ascending, the bias moved the maximum in most tiles). A
+  // table's heads (wgmma) start from the end of this block's lags where the table is larger:
+  // the diagonal for PJ-bias's decaying sectors, the first keys for a table that grows with the
+  // lag. Only the wgmma kernels have the linear copy, and only their loop has this order.
+  const bool descending =
+      bias_of_head.linear ||
+      (kWgmma && bias_of_head.table && __ldg(head.bias) >= __ldg(head.bias + key_end - 1));
   bool started = false;  // this warp (wgmma: warpgroup) has seen a key block
   auto body = [&](int kb, int stage) {
     const int j0 = kb * kTile;
@@ -422,8 +426,9 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     // were not needed. Otherwise (the maximum had to move, or an exponential overflowed) the
     // scores are computed again and take the path with maxima. A bias that grows towards the
     // diagonal moves the maximum in most tiles of an ascending visit: with the optimistic pass
-    // ALiBi's forward took 1.5× as long (T = 16,384), hence its descending visit (above); a
-    // table (PJ-bias) has no known shape, and its heads go straight to the maxima.
+    // ALiBi's forward took 1.5× as long (T = 16,384), hence its descending visit (above), and a
+    // table's visit from its larger end. The mma.sync kernels' table heads (ascending) go
+    // straight to the maxima.
     constexpr int kMaxLeadExponent = 8;
     constexpr float kMaxLead = float(kMaxLeadExponent), kMaxSum = float(1 << kMaxLeadExponent);  // 2^kMaxLead
     // s ← exp2(s·scale·log2 e − m) for the running maximum m of each row (0 while it is −∞), and
@@ -453,7 +458,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     float s[kFragments][kScoreBlocks][4];
     scores(s);
     bool optimistic_held = false;
-    if (!first_block && !bias_of_head.table) {
+    if (!first_block && (kWgmma || !bias_of_head.table)) {
       float sums[kFragments][2];
       exponentials(s, sums);
       bool within = true;

@@ -86,6 +86,16 @@ __device__ Head<kOrders> resolve_head(const PjBiasParams& p, int h) {
   return head;
 }
 
+// Head h's parameters resolved once per block (thread 0; about fifteen double-precision
+// exponentials, most of what a lag costs when every thread resolved them itself) and shared.
+template <int kOrders>
+__device__ const Head<kOrders>& block_head(const PjBiasParams& p, int h) {
+  __shared__ Head<kOrders> head;
+  if (threadIdx.x == 0) head = resolve_head<kOrders>(p, h);
+  __syncthreads();
+  return head;
+}
+
 // Every term of b_h at one lag (as PjLag on the CPU).
 template <int kOrders>
 struct Lag {
@@ -221,8 +231,8 @@ template <int kOrders>
 __global__ void __launch_bounds__(kTableThreads) pj_bias_table_kernel(PjBiasParams p, int seq_len, float* table) {
   const int h = blockIdx.y;
   const int lag = blockIdx.x * blockDim.x + threadIdx.x;
+  const Head<kOrders>& head = block_head<kOrders>(p, h);
   if (lag >= seq_len) return;
-  const Head<kOrders> head = resolve_head<kOrders>(p, h);
   Lag<kOrders> t;
   evaluate_lag(p, head, lag, t);
   table[static_cast<long long>(h) * seq_len + lag] = static_cast<float>(t.bias);
@@ -240,8 +250,8 @@ __global__ void __launch_bounds__(kLagsPerBlock)
   const int h = blockIdx.y, lag = blockIdx.x * kLagsPerBlock + threadIdx.x;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   P g = {};
+  const Head<kOrders>& head = block_head<kOrders>(p, h);
   if (lag < seq_len) {
-    const Head<kOrders> head = resolve_head<kOrders>(p, h);
     Lag<kOrders> t;
     evaluate_lag(p, head, lag, t);
     accumulate_lag(p, head, t, diag_grad[static_cast<long long>(h) * seq_len + lag], g);

@@ -593,6 +593,20 @@ TEST_P(FlashKernels, MatchDenseReferenceWithoutBiasWhenTheMaximumKeepsMoving) {
   expect_flash_matches_reference(p, deterministic);
 }
 
+// A bias table whose largest values lie at middle lags (a tent rising 0.25 per lag from both
+// ends; the third head's is a valley): the wgmma forward starts each head's visit at the end of
+// its lags where the table is larger and takes the optimistic exponentials after the first key
+// block, which fail as the tent's top comes into view (up to 0.25·T/2 nats above the first
+// block's bias), so the tiles' scores are computed again.
+TEST_P(FlashKernels, MatchDenseReferenceWithBiasTableWhenTheMaximumKeepsMoving) {
+  const auto& [widths, seq_len, deterministic] = GetParam();
+  KernelProblem p = make_kernel_problem(2, seq_len, 3, widths.first, widths.second, 61u + seq_len);
+  for (int h = 0; h < 3; ++h)
+    for (int lag = 0; lag < seq_len; ++lag)
+      p.bias[std::size_t(h) * seq_len + lag] = (h == 2 ? -0.25f : 0.25f) * float(std::min(lag, seq_len - 1 - lag));
+  expect_flash_matches_reference(p, deterministic);
+}
+
 // (qk_width, head_dim) pairs the fused kernels are instantiated for.
 const std::vector<std::pair<int, int>> kFlashWidths{{64, 64}, {128, 64}, {128, 128}};
 
