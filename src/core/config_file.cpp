@@ -93,8 +93,9 @@ nlohmann::json parse_config_text(const std::string& text, const fs::path& file) 
   };
   try {
     return nlohmann::json::parse(text, check_keys);
-  } catch (const nlohmann::json::parse_error& error) {
-    // nlohmann's message names the line and column of the syntax error.
+  } catch (const nlohmann::json::exception& error) {
+    // nlohmann's message names the line and column of a syntax error, or the number that
+    // overflows a double (1e400).
     throw ConfigError(file.string(), fmt::format("invalid JSON: {}", error.what()));
   }
 }
@@ -117,6 +118,10 @@ fs::path resolve_config_path(const fs::path& path) {
       }
     }
   }
+  if (fs::exists(path, ignored))  // a directory, a device: there, but no file to read
+    throw ConfigError(path.string(), fs::is_directory(path, ignored)
+                                         ? "is a directory, not a config file (expected a JSON file)"
+                                         : "is not a regular file (expected a JSON config file)");
   throw ConfigError(path.string(), fmt::format("config file not found; tried {}", fmt::join(tried, ", ")));
 }
 

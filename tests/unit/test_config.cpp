@@ -332,6 +332,10 @@ TEST(Config, LoadConfigAppliesOverridesAndReportsFileErrors) {
   scratch.write("broken.json", "{\n  \"model\": {\n    \"n_layer\": 2,\n  }\n}\n");
   expect_config_error([] { load_config("broken.json"); }, "broken.json", {"invalid JSON", "line 4"});
   expect_config_error([] { load_config("missing_dir/none.json"); }, "missing_dir/none.json", {"not found"});
+  scratch.write("overflow.json", R"({"model": {"n_layer": 1e400}})");  // no double holds it
+  expect_config_error([] { load_config("overflow.json"); }, "overflow.json", {"invalid JSON", "1e400"});
+  std::filesystem::create_directory("a_directory");
+  expect_config_error([] { load_config("a_directory"); }, "a_directory", {"is a directory", "JSON file"});
 
   // A key named twice in one object (nlohmann would keep the last silently), at any depth.
   scratch.write("twice.json", R"({"optim": {"lr": 0.001, "min_lr": 0.0001, "lr": 0.002}})");
