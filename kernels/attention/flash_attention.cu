@@ -871,7 +871,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
       wgmma::complete(dv, dk, a, a_ds);
 #endif
     } else {
-      if (sums_lags) add_lag_sums();
+      if (sums_lags) add_lag_sums();  // (before the products: after them the d = 128 kernel spilled 40 bytes)
       mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);  // dv += Pᵀ · dout
       accumulators_to_operand(a, ds);
       mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
