@@ -17,6 +17,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/attention_checks.hpp"
 #include "cpu/cpu_checks.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/cpu_parallel.hpp"
@@ -49,13 +50,7 @@ Geometry check_geometry(std::string_view op, AttentionImpl impl, const Attention
   require(impl == AttentionImpl::fused, op,
           fmt::format("attention.impl is {}; the CPU backend has only its reference attention (expected fused)",
                       attention_impl_name(impl)));
-  require(encoding != nullptr, op, "encoding is null, expected the layer's PositionEncoding (NoPE for none)");
-  require(shape.batch > 0 && shape.seq_len > 0 && shape.n_head > 0 && shape.head_dim > 0, op,
-          fmt::format("shape is batch {}, seq_len {}, n_head {}, head_dim {}; expected all > 0", shape.batch,
-                      shape.seq_len, shape.n_head, shape.head_dim));
-  require(ctx.seq_len == shape.seq_len && ctx.n_head == shape.n_head && ctx.head_dim == shape.head_dim, op,
-          fmt::format("position context says seq_len {}, n_head {}, head_dim {}; the call's shape says {}, {}, {}",
-                      ctx.seq_len, ctx.n_head, ctx.head_dim, shape.seq_len, shape.n_head, shape.head_dim));
+  checks::check_attention_call(op, shape, encoding, ctx);
   Geometry g{};
   g.batch = shape.batch;
   g.seq_len = shape.seq_len;

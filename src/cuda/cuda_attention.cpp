@@ -32,6 +32,7 @@
 #include "attention/causal_attention.cuh"
 #include "attention/flash_attention.cuh"
 #include "attention/qk_transform.cuh"
+#include "core/attention_checks.hpp"
 #include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_tensor_checks.hpp"
@@ -87,13 +88,7 @@ int qk_width_of(const PositionEncoding& encoding, int head_dim) {
 
 AttentionDims check_call(std::string_view op, const AttentionShape& shape, const PositionEncoding* encoding,
                          const PositionContext& ctx, const Tensor& qkv, const Tensor& out, const Tensor& lse) {
-  require(encoding != nullptr, op, "encoding is null, expected the layer's PositionEncoding (NoPE for none)");
-  require(shape.batch > 0 && shape.seq_len > 0 && shape.n_head > 0 && shape.head_dim > 0, op,
-          fmt::format("shape is batch {}, seq_len {}, n_head {}, head_dim {}; expected all > 0", shape.batch,
-                      shape.seq_len, shape.n_head, shape.head_dim));
-  require(ctx.seq_len == shape.seq_len && ctx.n_head == shape.n_head && ctx.head_dim == shape.head_dim, op,
-          fmt::format("position context says seq_len {}, n_head {}, head_dim {}; the call's shape says {}, {}, {}",
-                      ctx.seq_len, ctx.n_head, ctx.head_dim, shape.seq_len, shape.n_head, shape.head_dim));
+  checks::check_attention_call(op, shape, encoding, ctx);
   require(shape.seq_len <= kernels::kMaxAttentionSeqLen, op,
           fmt::format("seq_len {} exceeds the {} positions the GPU kernels support", shape.seq_len,
                       kernels::kMaxAttentionSeqLen));
