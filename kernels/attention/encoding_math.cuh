@@ -54,12 +54,12 @@ __device__ inline void unrotate_pair(float grad_a, float grad_b, PhaseRotation r
 // by (t − (u − 1)) / u; relative error below 4e−6 (tested against double precision over
 // [−30, 30] and out to ±80). For x below ~−87 t underflows and softplus returns 0 where e^x is
 // subnormal.
-struct SoftplusParts {
+struct ValueAndDerivative {  // f(x) and f'(x)
   float value;
   float derivative;
 };
 
-__device__ inline SoftplusParts softplus_parts(float x) {
+__device__ inline ValueAndDerivative softplus_parts(float x) {
   constexpr float kSeriesUpTo = 0.125f;
   constexpr float kLn2 = 0.693147180559945309f;
   const float t = expf(-fabsf(x));
@@ -85,12 +85,12 @@ __device__ inline SoftplusParts softplus_parts(float x) {
 
 // PoPE magnitude μ = f(x) and its derivative dμ/dx, for passes that need both (the δ pass):
 // softplus's pair comes from one exponential, not two.
-__device__ inline SoftplusParts pope_magnitude_parts(PopeMagnitudeKind kind, float x) {
+__device__ inline ValueAndDerivative pope_magnitude_parts(PopeMagnitudeKind kind, float x) {
   switch (kind) {
     case PopeMagnitudeKind::softplus:
       return softplus_parts(x);
     case PopeMagnitudeKind::relu:
-      return x > 0.0f ? SoftplusParts{x, 1.0f} : SoftplusParts{0.0f, 0.0f};
+      return x > 0.0f ? ValueAndDerivative{x, 1.0f} : ValueAndDerivative{0.0f, 0.0f};
     case PopeMagnitudeKind::identity:
       break;
   }

@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
       Bf16Group<kGroup> dk;
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
-        const SoftplusParts mu = pope_magnitude_parts(transform.magnitude, x.get(k));
+        const ValueAndDerivative mu = pope_magnitude_parts(transform.magnitude, x.get(k));
         if (sums[k]) sum[k] += pope_phase_grad(mu.value, real.get(k), imaginary.get(k), r[k]);
         dk.set(k, pope_magnitude_grad(real.get(k), imaginary.get(k), r[k]) * mu.derivative);
       }

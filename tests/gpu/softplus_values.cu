@@ -12,7 +12,7 @@ namespace {
 __global__ void softplus_values_kernel(const float* x, int count, float* value, float* derivative) {
   const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= count) return;
-  const kernels::SoftplusParts parts = kernels::softplus_parts(x[i]);
+  const kernels::ValueAndDerivative parts = kernels::softplus_parts(x[i]);
   value[i] = parts.value;
   derivative[i] = parts.derivative;
 }
