@@ -45,6 +45,12 @@ __device__ inline void unrotate_pair(float grad_a, float grad_b, PhaseRotation r
   db = -grad_a * r.sin + grad_b * r.cos;
 }
 
+// A function's value f(x) and derivative f'(x) at one x, for the passes that need both.
+struct ValueAndDerivative {
+  float value;
+  float derivative;
+};
+
 // softplus(x) = log(1 + e^x) and its derivative σ(x) = 1 / (1 + e^−x), both from one exponential
 // t = e^−|x| ∈ (0, 1]:  softplus(x) = max(x, 0) + log1p(t),  σ(x) = (x ≥ 0 ? 1 : t) / (1 + t).
 // Why not log1pf(expf(x)) and 1 / (1 + expf(−x)): PoPE's encode and δ passes are bound by the
@@ -54,11 +60,6 @@ __device__ inline void unrotate_pair(float grad_a, float grad_b, PhaseRotation r
 // by (t − (u − 1)) / u; relative error below 4e−6 (tested against double precision over
 // [−30, 30] and out to ±80). For x below ~−87 t underflows and softplus returns 0 where e^x is
 // subnormal.
-struct ValueAndDerivative {  // f(x) and f'(x)
-  float value;
-  float derivative;
-};
-
 __device__ inline ValueAndDerivative softplus_parts(float x) {
   constexpr float kSeriesUpTo = 0.125f;
   constexpr float kLn2 = 0.693147180559945309f;
