@@ -43,38 +43,73 @@ struct Head {
   Oscillator<kOrders> fj, lc;
 };
 
-// out[i] = softmax over the kept entries i < count (0 for the others and for i ≥ count).
-template <int kCount>
-__device__ void softmax(const float* logits, int count, const bool* keep, double (&out)[kCount]) {
+// A head's parameters pass through about fifteen double-precision exponentials (the softmaxes'
+// numerators, softplus and its derivative twice): resolved by one thread, one after another, they
+// were most of what a lag costs in these kernels. So a block resolves its head in two steps: each
+// exponential on a thread of its own (head_exponential, the flat index below), then thread 0 adds
+// and divides. The values are those of one thread doing it all (same operations, same order).
+template <int kOrders>
+struct HeadExponentials {
+  // softplus(damping), its derivative, softplus(slope), its derivative, the gates' numerators,
+  // then those of the FJ and the LC order weights (0 past the orders and for disabled sectors).
+  static constexpr int kDamping = 0, kDampingSlope = 1, kSlope = 2, kSlopeSlope = 3, kGate = 4, kFj = 7,
+                       kLc = 7 + kOrders, kCount = 7 + 2 * kOrders;
+};
+
+// exp(logits[i] − the largest kept logit) for a kept entry i < count, else 0: a softmax numerator.
+__device__ double softmax_numerator(const float* logits, int count, const bool* keep, int i) {
+  if (i >= count || (keep != nullptr && !keep[i])) return 0.0;
   double top = -1e300;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i)
-    if (i < count && (keep == nullptr || keep[i])) top = fmax(top, double(logits[i]));
-  double total = 0.0;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) {
-    out[i] = i < count && (keep == nullptr || keep[i]) ? exp(double(logits[i]) - top) : 0.0;
-    total += out[i];
-  }
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) out[i] /= total;
+  for (int j = 0; j < count; ++j)
+    if (keep == nullptr || keep[j]) top = fmax(top, double(logits[j]));
+  return exp(double(logits[i]) - top);
 }
 
 template <int kOrders>
-__device__ Head<kOrders> resolve_head(const PjBiasParams& p, int h) {
+__device__ double head_exponential(const PjBiasParams& p, int h, int i) {
+  using E = HeadExponentials<kOrders>;
+  const int n = p.order + 1;
+  switch (i) {
+    case E::kDamping:
+      return softplus(p.values[kPjSlotFjDamping][h]);
+    case E::kDampingSlope:
+      return softplus_derivative(p.values[kPjSlotFjDamping][h]);
+    case E::kSlope:
+      return softplus(p.values[kPjSlotAffineSlope][h]);
+    case E::kSlopeSlope:
+      return softplus_derivative(p.values[kPjSlotAffineSlope][h]);
+    default:
+      break;
+  }
+  if (i < E::kFj) return softmax_numerator(p.values[kPjSlotGateLogits] + 3 * h, 3, p.sector_enabled, i - E::kGate);
+  if (i < E::kLc) return softmax_numerator(p.values[kPjSlotFjOrderLogits] + n * h, n, nullptr, i - E::kFj);
+  return softmax_numerator(p.values[kPjSlotLcOrderLogits] + n * h, n, nullptr, i - E::kLc);
+}
+
+// out[i] = numerators[i] / Σ numerators (summed in index order).
+template <int kCount>
+__device__ void normalise(const double* numerators, double (&out)[kCount]) {
+  double total = 0.0;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) total += numerators[i];
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) out[i] = numerators[i] / total;
+}
+
+template <int kOrders>
+__device__ Head<kOrders> assemble_head(const PjBiasParams& p, int h, const double* exponentials) {
+  using E = HeadExponentials<kOrders>;
   Head<kOrders> head;
   const int n = p.order + 1;
   head.orders = n;
   head.omega = p.values[kPjSlotOmega][h];
-  const double damping_raw = p.values[kPjSlotFjDamping][h];
-  head.damping = softplus(damping_raw);
-  head.damping_slope = softplus_derivative(damping_raw);
-  const double slope_raw = p.values[kPjSlotAffineSlope][h];
-  head.slope = softplus(slope_raw);
-  head.slope_slope = softplus_derivative(slope_raw);
-  softmax<3>(p.values[kPjSlotGateLogits] + 3 * h, 3, p.sector_enabled, head.gate);
-  softmax<kOrders>(p.values[kPjSlotFjOrderLogits] + n * h, n, nullptr, head.fj.alpha);
-  softmax<kOrders>(p.values[kPjSlotLcOrderLogits] + n * h, n, nullptr, head.lc.alpha);
+  head.damping = exponentials[E::kDamping];
+  head.damping_slope = exponentials[E::kDampingSlope];
+  head.slope = exponentials[E::kSlope];
+  head.slope_slope = exponentials[E::kSlopeSlope];
+  normalise(exponentials + E::kGate, head.gate);
+  normalise(exponentials + E::kFj, head.fj.alpha);
+  normalise(exponentials + E::kLc, head.lc.alpha);
 #pragma unroll
   for (int r = 0; r < kOrders; ++r) {
     const bool used = r < n;
@@ -86,12 +121,16 @@ __device__ Head<kOrders> resolve_head(const PjBiasParams& p, int h) {
   return head;
 }
 
-// Head h's parameters resolved once per block (thread 0; about fifteen double-precision
-// exponentials, most of what a lag costs when every thread resolved them itself) and shared.
+// Head h's parameters resolved once per block (see HeadExponentials) and shared. All threads of
+// the block call it.
 template <int kOrders>
 __device__ const Head<kOrders>& block_head(const PjBiasParams& p, int h) {
+  using E = HeadExponentials<kOrders>;
   __shared__ Head<kOrders> head;
-  if (threadIdx.x == 0) head = resolve_head<kOrders>(p, h);
+  __shared__ double exponentials[E::kCount];
+  for (int i = int(threadIdx.x); i < E::kCount; i += int(blockDim.x)) exponentials[i] = head_exponential<kOrders>(p, h, i);
+  __syncthreads();
+  if (threadIdx.x == 0) head = assemble_head<kOrders>(p, h, exponentials);
   __syncthreads();
   return head;
 }
@@ -130,8 +169,9 @@ __device__ void evaluate_lag(const PjBiasParams& p, const Head<kOrders>& head, i
   const double L = p.train_length;
   t.lag = lag;
   t.x = lag / L;
-  t.rho = p.lightcone_rho ? asinh(t.x) : t.x;
-  t.phi = L * asinh(t.x);
+  const double asinh_x = asinh(t.x);
+  t.rho = p.lightcone_rho ? asinh_x : t.x;
+  t.phi = L * asinh_x;
   const double beta = lag / sqrt(double(lag) * lag + L * L);
   t.sector[kFj] = t.sector[kAffine] = t.sector[kLc] = 0.0;
   clear_oscillator(t.fj);
