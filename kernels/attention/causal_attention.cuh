@@ -48,6 +48,12 @@ struct AttentionGradients {
   // gradient of the bias table b_h(Δ); scratch of flash_bias_grad_partial_floats(dims) floats.
   float* bias_grad = nullptr;
   float* bias_grad_partials = nullptr;
+  // Optional (fused path, with bias_grad; set both or neither): Ĝ's reduction from the partial
+  // rows runs on bias_grad_stream once the key kernel is done (the call records keys_done on its
+  // stream after that kernel, and bias_grad_stream waits for it), beside the query kernel. The
+  // caller makes its stream wait for bias_grad_stream before reading Ĝ there.
+  cudaStream_t bias_grad_stream = nullptr;
+  cudaEvent_t keys_done = nullptr;
   // Fused path: true sums every output in a fixed order (bitwise repeatable); false lets the
   // key kernel add dq̃ with atomic adds instead of running the query kernel (one pass over the
   // tiles fewer; dq̃'s last bits may change between runs). The simple kernels ignore it.

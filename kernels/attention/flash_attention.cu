@@ -29,6 +29,7 @@
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 #include "block_reduce.cuh"
+#include "fast_divisor.cuh"
 #include "grid.cuh"
 #include "log2_units.cuh"
 
@@ -1004,17 +1005,22 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
 }
 
 // Ĝ_h(Δ) += Σ over the partial rows (b, kb) with 64·kb < T − Δ, in a fixed order: a block takes 32
-// lags of head blockIdx.y, the terms n = b·blocks + kb (blocks: the key blocks that reach lag Δ)
-// in kLagSumSlices slices (sliced_column_sum; one thread per lag adding every term alone waited
-// on memory: up to B·T/64 loads one after another, with few threads in flight at short T).
+// lags of head blockIdx.y, the terms n = kb·B + b (kb: the key blocks that reach lag Δ) in
+// kLagSumSlices slices (sliced_column_sum; one thread per lag adding every term alone waited on
+// memory: up to B·T/64 loads one after another, with few threads in flight at short T). The
+// batch is the divisor that splits n, the same for every lag (a multiply and a shift, where the
+// lag's own count of key blocks took a division per term).
 constexpr int kLagSumSlices = 16;
-__global__ void bias_grad_reduce_kernel(AttentionDims dims, const float* partials, float* bias_grad) {
+__global__ void bias_grad_reduce_kernel(AttentionDims dims, FastDivisor batch, const float* partials,
+                                        float* bias_grad) {
   const int T = dims.seq_len, H = dims.n_head, h = int(blockIdx.y), key_blocks = (T + kTile - 1) / kTile;
   const int lag = int(blockIdx.x) * kWarpSize + int(threadIdx.x);
-  const int blocks = lag < T ? (T - lag + kTile - 1) / kTile : 1;  // key blocks kb with 64·kb < T − lag
-  const float total = sliced_column_sum<kLagSumSlices>(lag < T ? dims.batch * blocks : 0, [&](int n) {
-    const int b = n / blocks, kb = n % blocks;
-    return partials[((std::int64_t(b) * H + h) * key_blocks + kb) * T + lag];
+  const int blocks = lag < T ? (T - lag + kTile - 1) / kTile : 0;  // key blocks kb with 64·kb < T − lag
+  const float* column = partials + std::int64_t(h) * key_blocks * T + lag;
+  const std::int64_t batch_stride = std::int64_t(H) * key_blocks * T;
+  const float total = sliced_column_sum<kLagSumSlices>(dims.batch * blocks, [&](int n) {
+    const int kb = batch.quotient(n), b = n - kb * dims.batch;
+    return column[b * batch_stride + std::int64_t(kb) * T];
   });
   if (threadIdx.y == 0 && lag < T) bias_grad[std::int64_t(h) * T + lag] += total;
 }
@@ -1287,6 +1293,22 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
   if (rounded && (grads.dq_bf16 == nullptr || grads.dk_bf16 == nullptr || grads.qk_backward_fused ||
                   !flash_attention_rounds_encoded_gradients(dims, grads.deterministic)))
     return cudaErrorInvalidValue;
+  if ((grads.bias_grad_stream == nullptr) != (grads.keys_done == nullptr)) return cudaErrorInvalidValue;
+  // Ĝ from the key kernel's partial rows, on grads.bias_grad_stream (after the key kernel,
+  // beside the query kernel) when the caller gave one, else after everything on `stream`.
+  auto reduce_bias_grad = [&](cudaStream_t on) {
+    const dim3 strips(unsigned((dims.seq_len + kWarpSize - 1) / kWarpSize), unsigned(dims.n_head));
+    bias_grad_reduce_kernel<<<strips, dim3(kWarpSize, kLagSumSlices), 0, on>>>(
+        dims, FastDivisor(dims.batch), grads.bias_grad_partials, grads.bias_grad);
+    return cudaGetLastError();
+  };
+  const bool reduce_beside = bias_grad && grads.bias_grad_stream != nullptr;
+  auto after_keys = [&]() {
+    if (!reduce_beside) return cudaSuccess;
+    cudaError_t forked = cudaEventRecord(grads.keys_done, stream);
+    if (forked == cudaSuccess) forked = cudaStreamWaitEvent(grads.bias_grad_stream, grads.keys_done, 0);
+    return forked == cudaSuccess ? reduce_bias_grad(grads.bias_grad_stream) : forked;
+  };
   cudaError_t status = attention_row_dot(dims, grads, stream);
   if (status != cudaSuccess) return status;
   status = with_widths(dims, [&](auto w, auto dv) {
@@ -1301,22 +1323,21 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
       const std::size_t dq_bytes = std::size_t(dims.batch) * dims.n_head * dims.seq_len * kW * sizeof(float);
       const cudaError_t zeroed = cudaMemsetAsync(grads.dq, 0, dq_bytes, stream);
       if (zeroed != cudaSuccess) return zeroed;
-      return launch_with_shared<flash_key_grad_kernel<kW, kDv, true, kWgmma>>(
+      const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv, true, kWgmma>>(
           tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, true, kWgmma>::bytes(bias_grad), stream, dims, in, grads,
           maps);
+      return keys == cudaSuccess ? after_keys() : keys;
     }
-    const cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv, false, kWgmma>>(
+    cudaError_t keys = launch_with_shared<flash_key_grad_kernel<kW, kDv, false, kWgmma>>(
         tile_grid(dims), kThreads, KeyGradLayout<kW, kDv, false, kWgmma>::bytes(bias_grad), stream, dims, in, grads,
         maps);
+    if (keys == cudaSuccess) keys = after_keys();
     if (keys != cudaSuccess) return keys;
     return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma>>(
         tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads, maps);
   });
-  if (status != cudaSuccess || !bias_grad) return status;
-  const dim3 strips(unsigned((dims.seq_len + kWarpSize - 1) / kWarpSize), unsigned(dims.n_head));
-  bias_grad_reduce_kernel<<<strips, dim3(kWarpSize, kLagSumSlices), 0, stream>>>(dims, grads.bias_grad_partials,
-                                                                              grads.bias_grad);
-  return cudaGetLastError();
+  if (status != cudaSuccess || !bias_grad || reduce_beside) return status;
+  return reduce_bias_grad(stream);
 }
 
 }  // namespace pope::kernels
