@@ -54,8 +54,8 @@ struct AttentionForward {
   Tensor lse;                     // [B, H, T]; saved for the backward
   std::span<const Tensor> position_params;
   // Optional: Backend::attention_encoded_numel elements of the activation dtype where the
-  // backend keeps what it derives from qkv (the encoded q̃, k̃) for the backward, which then
-  // need not derive it again. Empty: nothing kept.
+  // backend keeps what it derives from qkv and the position parameters (the encoded q̃, k̃; a
+  // PJ-bias's table) for the backward, which then need not derive it again. Empty: nothing kept.
   Tensor encoded;
   AttentionImpl impl = AttentionImpl::fused;
 };

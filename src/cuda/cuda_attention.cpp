@@ -6,7 +6,9 @@
 //             plus the encoding's parameter gradients (PoPE's δ; a PJ-bias's parameters from
 //             the fused kernel's diagonal sums Ĝ), accumulated in f32.
 // A PJ-RoPE method (ComposedEncoding) is its transform part's q/k transform plus a bias
-// table that kernels/attention/pj_bias.cu builds on the device from the layer's parameters.
+// table that kernels/attention/pj_bias.cu builds on the device from the layer's parameters,
+// on a side stream while q̃, k̃ are encoded; the forward keeps it with q̃, k̃ for the backward,
+// which reduces Ĝ and the parameters' gradients on that stream beside the query kernel.
 // The attention itself runs on the fused tensor-core kernels (flash_attention.cuh) where they
 // handle the widths, else on the simple kernels (causal_attention.cuh); `use_flash` is the one
 // place that chooses. With attention.impl = cudnn (AttentionForward::impl) cuDNN's fused SDPA
@@ -39,6 +41,7 @@
 #include "cuda/cudnn_attention.hpp"
 #include "cuda/device_scratch.hpp"
 #include "cuda/pj_bias_layer.hpp"
+#include "cuda/side_stream.hpp"
 
 namespace pope::cuda {
 
@@ -168,10 +171,18 @@ std::size_t encoded_elements(const AttentionDims& dims) {
   return std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
 }
 
-// AttentionForward/Backward::encoded must be empty or hold exactly the call's q̃ and k̃ in bf16.
-void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDims& dims) {
+// bf16 slots of AttentionForward::encoded after q̃ and k̃ that keep a PJ-bias's f32 [H, T] table
+// from the forward, which the backward then reads instead of building it again.
+std::size_t kept_table_slots(const PositionEncoding& encoding, int n_head, int seq_len) {
+  return has_pj_bias(encoding) ? 2 * std::size_t(n_head) * std::size_t(seq_len) : 0;
+}
+
+// AttentionForward/Backward::encoded must be empty or hold exactly the call's q̃, k̃ (and table) in bf16.
+void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDims& dims,
+                   const PositionEncoding& encoding) {
   if (encoded.empty()) return;
-  check_vector(op, "encoded", encoded, DType::bf16, 2 * std::int64_t(encoded_elements(dims)));
+  const std::size_t slots = 2 * encoded_elements(dims) + kept_table_slots(encoding, dims.n_head, dims.seq_len);
+  check_vector(op, "encoded", encoded, DType::bf16, std::int64_t(slots));
 }
 
 }  // namespace
@@ -181,6 +192,7 @@ struct AttentionRunner::Scratch {
       phases;
   DeviceTable<double> frequencies;
   DeviceTable<float> bias, bias_slopes;
+  SideStream side;  // a PJ-bias's small kernels, beside the attention's big ones
 #ifdef POPE_HAVE_CUDNN
   std::unique_ptr<CudnnAttention> cudnn;  // created on the first cudnn call (cudnnCreate is not free)
 #endif
@@ -268,17 +280,26 @@ struct AttentionRunner::Scratch {
     return table;
   }
 
+  // Where a PJ-bias's table is for this call: built on `stream` into `kept` (the forward keeping
+  // it for the backward) or else into scratch, or read from `kept` as the forward left it.
+  struct PjTable {
+    cudaStream_t stream;
+    float* kept = nullptr;
+    bool built = false;
+  };
+
   // Score scale and, for encodings with a score bias, the [n_head, T] table b_h(Δ).
   kernels::ScoreParams score(std::string_view op, const PositionEncoding& encoding, const PositionContext& ctx,
-                             const std::vector<float*>& layer_params, cudaStream_t stream) {
+                             const std::vector<float*>& layer_params, cudaStream_t stream, const PjTable& pj_place) {
     kernels::ScoreParams params;
     params.scale = static_cast<float>(encoding.softmax_scale(ctx));
     if (!encoding.has_score_bias()) return params;
     // A PJ-bias is tabulated on the device from its parameters (no host round trip, so the
     // step stays capturable); parameter-free biases (ALiBi) are tabulated on the host.
     if (const std::optional<PjBiasLayer> pj = pj_bias_layer(encoding, ctx, layer_params)) {
-      auto* table = reserve_elements<float>(pj_table, std::size_t(ctx.n_head) * std::size_t(ctx.seq_len));
-      POPE_CUDA_CHECK(kernels::pj_bias_table(pj->params, ctx.seq_len, table, stream));
+      float* table = pj_place.kept != nullptr ? pj_place.kept
+                                              : reserve_elements<float>(pj_table, std::size_t(ctx.n_head) * ctx.seq_len);
+      if (!pj_place.built) POPE_CUDA_CHECK(kernels::pj_bias_table(pj->params, ctx.seq_len, table, pj_place.stream));
       params.bias = table;
       return params;
     }
@@ -321,6 +342,12 @@ struct AttentionRunner::Scratch {
     auto* q_half = static_cast<__nv_bfloat16*>(kept.data);
     return {q_half, q_half == nullptr ? nullptr : q_half + encoded_elements(dims)};
   }
+  // A PJ-bias's table kept by the caller after q̃ and k̃ (null when `kept` is empty or the
+  // encoding has none; 16-byte aligned: q̃ and k̃ are whole rows of 64-element multiples).
+  static float* kept_table(const AttentionDims& dims, const Tensor& kept, const PositionEncoding& encoding) {
+    if (kept.empty() || !has_pj_bias(encoding)) return nullptr;
+    return reinterpret_cast<float*>(static_cast<__nv_bfloat16*>(kept.data) + 2 * encoded_elements(dims));
+  }
   static kernels::EncodedAttention inputs(const kernels::ScoreParams& score, const Tensor& qkv,
                                           const __nv_bfloat16* q_encoded, const __nv_bfloat16* k_encoded) {
     kernels::EncodedAttention in;
@@ -336,7 +363,8 @@ struct AttentionRunner::Scratch {
 AttentionRunner::AttentionRunner() : scratch_(std::make_unique<Scratch>()) {}
 
 std::int64_t AttentionRunner::encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) {
-  return 2 * std::int64_t(shape.batch) * shape.n_head * shape.seq_len * qk_width_of(encoding, shape.head_dim);
+  return 2 * std::int64_t(shape.batch) * shape.n_head * shape.seq_len * qk_width_of(encoding, shape.head_dim) +
+         std::int64_t(kept_table_slots(encoding, shape.n_head, shape.seq_len));
 }
 AttentionRunner::~AttentionRunner() = default;
 
@@ -355,10 +383,15 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   const PositionEncoding& encoding = *args.encoding;
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
-  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
+  check_encoded(op, args.encoded, dims, encoding);
+  // A PJ-bias's table is built on the side stream while q̃, k̃ are encoded on `stream`.
+  const bool pj = has_pj_bias(encoding);
+  const Scratch::PjTable pj_place{pj ? scratch_->side.fork(stream) : stream,
+                                  Scratch::kept_table(dims, args.encoded, encoding)};
+  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream, pj_place);
   check_impl(op, args.impl, encoding, score);
-  check_encoded(op, args.encoded, dims);
   const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, args.encoded, stream);
+  if (pj) scratch_->side.join(stream);
   auto* out = static_cast<__nv_bfloat16*>(args.out.data);
   auto* lse = static_cast<float*>(args.lse.data);
   if (args.impl == AttentionImpl::cudnn) {
@@ -381,9 +414,12 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
   const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
-  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream);
+  check_encoded(op, args.encoded, dims, encoding);
+  // A PJ-bias's table as the forward kept it, or built again.
+  float* const kept_table = Scratch::kept_table(dims, args.encoded, encoding);
+  const kernels::ScoreParams score =
+      scratch_->score(op, encoding, args.position, params, stream, {stream, kept_table, kept_table != nullptr});
   check_impl(op, args.impl, encoding, score);
-  check_encoded(op, args.encoded, dims);
   // q̃, k̃ as the forward kept them, or derived again.
   const auto [q_kept, k_kept] = Scratch::kept_halves(dims, args.encoded);
   const kernels::EncodedAttention in = args.encoded.empty()
@@ -423,6 +459,9 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
     const std::size_t lags = std::size_t(dims.n_head) * std::size_t(dims.seq_len);
     bias_table_grad = reserve_elements<float>(scratch_->pj_diag_grad, lags);
     POPE_CUDA_CHECK(cudaMemsetAsync(bias_table_grad, 0, lags * sizeof(float), stream));
+    // Ĝ and the parameters' gradients from it on the side stream, beside the query kernel.
+    gradients.bias_grad_stream = scratch_->side.stream();
+    gradients.keys_done = scratch_->side.fork_event();
   }
   if (bias_table_grad != nullptr) {
     require(in.score.bias != nullptr, op,
@@ -465,7 +504,9 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   if (pj) {
     double* partials = reserve_elements<double>(scratch_->pj_partials,
                                                 kernels::pj_bias_backward_partial_doubles(pj->params, dims.seq_len));
-    POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, partials, stream));
+    POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, partials,
+                                              gradients.bias_grad_stream));
+    scratch_->side.join(stream);
   }
 }
 

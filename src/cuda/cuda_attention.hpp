@@ -32,7 +32,8 @@ class AttentionRunner {
   // Device memory this runner holds now (its scratch and tables), for memory accounting.
   std::size_t scratch_bytes() const;
   // bf16 elements of AttentionForward::encoded for a call of this shape: q̃ and k̃, [B, H, T, W]
-  // each (W = the encoding's q/k width). With it the backward skips re-encoding.
+  // each (W = the encoding's q/k width), then for a PJ-bias its f32 [H, T] table (two elements
+  // per float). With it the backward skips re-encoding and re-tabulating.
   static std::int64_t encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding);
 
  private:

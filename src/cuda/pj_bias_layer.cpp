@@ -18,14 +18,24 @@ static_assert(int(kernels::kPjSlotCount) == int(kPjParamCount) && int(kernels::k
                   int(kernels::kPjSlotLcRe) == int(kPjLcRe) && int(kernels::kPjSlotLcIm) == int(kPjLcIm),
               "the CUDA PJ-bias slots must follow PjParam");
 
+namespace {
+
+const PjBiasEncoding* pj_bias_part(const PositionEncoding& encoding) {
+  const auto* composed = dynamic_cast<const ComposedEncoding*>(&encoding);
+  return composed == nullptr ? nullptr : dynamic_cast<const PjBiasEncoding*>(&composed->bias_part());
+}
+
+}  // namespace
+
+bool has_pj_bias(const PositionEncoding& encoding) { return pj_bias_part(encoding) != nullptr; }
+
 std::optional<PjBiasLayer> pj_bias_layer(const PositionEncoding& encoding, const PositionContext& ctx,
                                          std::span<float* const> params, std::span<float* const> grads) {
-  const auto* composed = dynamic_cast<const ComposedEncoding*>(&encoding);
-  if (composed == nullptr) return std::nullopt;
-  const auto* bias = dynamic_cast<const PjBiasEncoding*>(&composed->bias_part());
+  const PjBiasEncoding* bias = pj_bias_part(encoding);
   if (bias == nullptr) return std::nullopt;
+  const auto& composed = static_cast<const ComposedEncoding&>(encoding);
 
-  const std::size_t first = composed->transform_parameter_count(ctx.n_head, ctx.head_dim);
+  const std::size_t first = composed.transform_parameter_count(ctx.n_head, ctx.head_dim);
   const std::size_t expected = first + kPjParamCount;
   const auto check = [&](std::span<float* const> pointers, const char* what) {
     if (pointers.size() != expected)

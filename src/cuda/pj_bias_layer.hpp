@@ -17,7 +17,10 @@ struct PjBiasLayer {
   kernels::PjBiasGradients gradients;  // all null when no gradients were given
 };
 
-// nullopt unless `encoding` is a ComposedEncoding whose bias part is a PjBiasEncoding.
+// Whether `encoding` is a ComposedEncoding whose bias part is a PjBiasEncoding.
+bool has_pj_bias(const PositionEncoding& encoding);
+
+// nullopt unless has_pj_bias(encoding).
 // `params` (and `grads`, if not empty) are the layer's device f32 pointers in
 // layer_parameters() order: the transform part's first, then the PJ-bias's. Throws
 // std::invalid_argument when their number does not match the encoding's.

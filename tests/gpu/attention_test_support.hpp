@@ -21,6 +21,8 @@
 #include "cuda/cuda_attention.hpp"
 #include "cuda/cuda_check.hpp"
 #include "pope/backend.hpp"
+#include "pope/config.hpp"
+#include "pope/position.hpp"
 
 namespace pope::attention_test {
 
@@ -100,6 +102,15 @@ struct EncodingCase {
   int train_length = 1024;
   int position_offset = 0;
 };
+
+// The whole-model factory's encoding for a model.position.kind (for the composed PJ methods).
+inline EncodingCase case_of_kind(const std::string& kind, int n_head, int head_dim) {
+  ModelConfig model;
+  model.n_head = n_head;
+  model.n_embd = n_head * head_dim;
+  model.position.kind = kind;
+  return {kind, [model] { return make_position_encoding(model); }};
+}
 
 // gtest prints test parameters; the name says it all.
 inline void PrintTo(const EncodingCase& c, std::ostream* os) { *os << c.name; }

@@ -245,11 +245,18 @@ TEST_F(CudaAttention, RepeatedRunsAreBitwiseEqual) {
 }
 
 // The backward from the q̃, k̃ the forward kept is the backward that derives them again, bit for
-// bit, for every encoding (the same transform of the same inputs); T = 200 takes the fused
-// kernels, T = 37 with head_dim 48 the simple ones.
+// bit, for every encoding (the same transform of the same inputs), and for the PJ-bias methods
+// with the table the forward kept (built on the side stream) against the one built again; T = 200
+// takes the fused kernels, T = 37 with head_dim 48 the simple ones (not for a PJ-bias, whose
+// gradient needs the fused kernels).
 TEST_F(CudaAttention, KeptEncodingsGiveTheBackwardOfReencodingBitwise) {
-  for (const EncodingCase& c : encoding_cases())
+  std::vector<EncodingCase> cases = encoding_cases();
+  const std::size_t without_bias_gradient = cases.size();
+  for (const char* kind : {"full", "rope_affine"}) cases.push_back(case_of_kind(kind, 2, 64));
+  for (std::size_t i = 0; i < cases.size(); ++i)
     for (const auto& [seq_len, head_dim] : {std::pair{200, 64}, std::pair{37, 48}}) {
+      if (i >= without_bias_gradient && head_dim != 64) continue;
+      const EncodingCase& c = cases[i];
       SCOPED_TRACE(c.name + " T=" + std::to_string(seq_len) + " d=" + std::to_string(head_dim));
       const Problem problem = make_problem(c, 2, seq_len, 2, head_dim, 11u);
       cuda::AttentionRunner runner;
@@ -259,7 +266,7 @@ TEST_F(CudaAttention, KeptEncodingsGiveTheBackwardOfReencodingBitwise) {
       EXPECT_TRUE(bitwise_equal(derived.dqkv, kept.dqkv));
       EXPECT_EQ(count_non_finite(kept.dqkv), 0u);
       ASSERT_EQ(derived.grads.size(), kept.grads.size());
-      for (std::size_t i = 0; i < kept.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(derived.grads[i], kept.grads[i]));
+      for (std::size_t g = 0; g < kept.grads.size(); ++g) EXPECT_TRUE(bitwise_equal(derived.grads[g], kept.grads[g]));
     }
 }
 
@@ -551,10 +558,11 @@ void expect_flash_matches_reference(const KernelProblem& p, bool deterministic) 
   EXPECT_LT(relative_error(gpu_sums, ref_sums), kBf16Tolerance) << "bias gradient (diagonal sums of dS)";
 }
 
-// Every (W, d) instantiation, T around the 64-row tiles, random bias table, both backward modes.
+// Every (W, d) instantiation, T around the 64-row tiles, random bias table, both backward modes;
+// a batch of 3 (Ĝ's reduction splits its terms by the batch size, fast_divisor.cuh).
 TEST_P(FlashKernels, MatchDenseReferenceWithBiasTable) {
   const auto& [widths, seq_len, deterministic] = GetParam();
-  expect_flash_matches_reference(make_kernel_problem(2, seq_len, 3, widths.first, widths.second, 77u + seq_len),
+  expect_flash_matches_reference(make_kernel_problem(3, seq_len, 3, widths.first, widths.second, 77u + seq_len),
                                  deterministic);
 }
 

@@ -1,14 +1,16 @@
 // A training step without host synchronisation on the GPU: the device-side step ops against
 // the CPU reference and against plain AdamW, and TrainStep recorded in a CUDA graph: replays
-// give the same parameters as eager steps (bitwise), a non-finite step is skipped on the
-// device, replays allocate nothing, and a reallocation of the activations is noticed; timed
-// fences and phase timing (eager, the same results).
+// give the same parameters as eager steps (bitwise; PoPE, and PJ-RoPE's `full`, whose bias
+// kernels run on a side stream), a non-finite step is skipped on the device, replays allocate
+// nothing, and a reallocation of the activations is noticed; timed fences and phase timing
+// (eager, the same results).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "cuda/cuda_device.hpp"
 #include "cuda_op_test_support.hpp"
@@ -35,8 +37,10 @@ class CudaGraphStep : public ::testing::Test {
   std::unique_ptr<Backend> gpu_, cpu_;
 };
 
-ModelConfig small_model() {
-  ModelConfig c = pope::testing::model_config(pope::testing::kGpuTestShape, "pope");
+// PoPE with δ away from its zero init; `full` (PJ-RoPE) forks its bias kernels onto a side stream,
+// which a recorded step must hold as graph edges.
+ModelConfig small_model(const std::string& kind = "pope") {
+  ModelConfig c = pope::testing::model_config(pope::testing::kGpuTestShape, kind);
   c.position.pope.delta_init = "uniform";
   return c;
 }
@@ -74,8 +78,9 @@ struct TrainedRun {
 
 // `steps` optimizer steps through TrainStep, recorded in a graph or all eager (also when
 // timing the phases, which are checked to be measured).
-TrainedRun train(Backend& backend, const std::vector<StepBatch>& batches, bool use_graph, bool time_phases = false) {
-  Model model(small_model(), backend);
+TrainedRun train(Backend& backend, const std::vector<StepBatch>& batches, bool use_graph, bool time_phases = false,
+                 const std::string& kind = "pope") {
+  Model model(small_model(kind), backend);
   model.initialize(9);
   AdamW adamw(model, clipping_optimizer());
   TrainStep step(model, adamw, kShape, use_graph);
@@ -234,18 +239,21 @@ TEST_F(CudaGraphStep, AsyncCopiesNeedPageLockedMemory) {
 }
 
 TEST_F(CudaGraphStep, ReplayedStepsEqualEagerStepsBitwise) {
-  const auto batches = random_batches(5, small_model().vocab_size);
-  const TrainedRun eager = train(*gpu_, batches, false);
-  const TrainedRun graph = train(*gpu_, batches, true);
-  EXPECT_EQ(graph.loss_sums, eager.loss_sums);
-  EXPECT_EQ(graph.params, eager.params);
-  EXPECT_EQ(graph.m, eager.m);
-  EXPECT_EQ(graph.v, eager.v);
-  // ...and the run is a real one: the loss is near log(vocab) per token at the start.
-  const auto& targets = batches[0].targets;
-  const auto unmasked = std::count_if(targets.begin(), targets.end(), [](int t) { return t >= 0; });
-  const double first_mean = eager.loss_sums[0] / double(unmasked);
-  EXPECT_NEAR(first_mean, std::log(500.0), 1.0);
+  for (const std::string kind : {"pope", "full"}) {
+    SCOPED_TRACE(kind);
+    const auto batches = random_batches(5, small_model(kind).vocab_size);
+    const TrainedRun eager = train(*gpu_, batches, false, false, kind);
+    const TrainedRun graph = train(*gpu_, batches, true, false, kind);
+    EXPECT_EQ(graph.loss_sums, eager.loss_sums);
+    EXPECT_EQ(graph.params, eager.params);
+    EXPECT_EQ(graph.m, eager.m);
+    EXPECT_EQ(graph.v, eager.v);
+    // ...and the run is a real one: the loss is near log(vocab) per token at the start.
+    const auto& targets = batches[0].targets;
+    const auto unmasked = std::count_if(targets.begin(), targets.end(), [](int t) { return t >= 0; });
+    const double first_mean = eager.loss_sums[0] / double(unmasked);
+    EXPECT_NEAR(first_mean, std::log(500.0), 1.0);
+  }
 }
 
 TEST_F(CudaGraphStep, TimedStepsGiveTheEagerResultsAndTheirPhases) {

@@ -42,15 +42,6 @@ std::vector<EncodingCase> cudnn_cases() {
   };
 }
 
-// The whole-model factory's encoding for a model.position.kind (for the composed PJ methods).
-EncodingCase case_of_kind(const std::string& kind, int n_head, int head_dim) {
-  ModelConfig model;
-  model.n_head = n_head;
-  model.n_embd = n_head * head_dim;
-  model.position.kind = kind;
-  return {kind, [model] { return make_position_encoding(model); }};
-}
-
 void expect_cudnn_matches_fused(const Problem& p) {
   cuda::AttentionRunner fused_runner, cudnn_runner;
   const Result fused = run_on_gpu(fused_runner, p, /*keep_encoded=*/true, AttentionImpl::fused);
