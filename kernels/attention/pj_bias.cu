@@ -45,9 +45,10 @@ struct Head {
 
 // A head's parameters pass through about fifteen double-precision exponentials (the softmaxes'
 // numerators, softplus and its derivative twice): resolved by one thread, one after another, they
-// were most of what a lag costs in these kernels. So a block resolves its head in two steps: each
-// exponential on a thread of its own (head_exponential, the flat index below), then thread 0 adds
-// and divides. The values are those of one thread doing it all (same operations, same order).
+// held up every lag of the block. So a block resolves its head in two steps: each exponential on
+// a thread of its own (head_exponential, the flat index below), then thread 0 adds and divides
+// (the table kernel 14.4 → 11.5 µs at T = 10,240). The values are those of one thread doing it all
+// (same operations, same order).
 template <int kOrders>
 struct HeadExponentials {
   // softplus(damping), its derivative, softplus(slope), its derivative, the gates' numerators,
