@@ -280,8 +280,9 @@ struct AttentionRunner::Scratch {
     return table;
   }
 
-  // Where a PJ-bias's table is for this call: built on `stream` into `kept` (the forward keeping
-  // it for the backward) or else into scratch, or read from `kept` as the forward left it.
+  // Where this call's PJ-bias table comes from: built on `stream` into `kept` (the forward keeping
+  // it for the backward) or, when nothing is kept, into scratch; or (`built`) read from `kept` as
+  // the forward left it.
   struct PjTable {
     cudaStream_t stream;
     float* kept = nullptr;
