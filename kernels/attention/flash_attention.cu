@@ -13,11 +13,13 @@
 // causal mask; in the forward the last two key tiles of a 128-row block do. Tiles above the
 // diagonal are never visited. Rows past T are zero-filled on load (by the copies) and never stored.
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2.
-// The per-score code is branch-free: masks are selects after the exponential, and the bias is a
-// compile-time choice per call at W = 64 (with_bias), so the unrolled loops stay straight-line code.
+// The per-score code is branch-free: masks are selects after the exponential, and at W = 64 the
+// bias is a compile-time choice per call (a kernel per BiasKind), so the unrolled loops stay
+// straight-line code.
 // Whether a tile needs the mask is a compile-time choice per tile too (with_flag): most tiles
 // need none. Forward and query kernels keep scores in units of 1/scale (s + b/scale: one FFMA
-// with a bias) and fold the scale into the exponential's FFMA (exp2(s·c − max)).
+// with a bias; the wgmma ones with a table start the product from b/scale instead) and fold the
+// scale into the exponential's FFMA (exp2(s·c − max)).
 #include <cstdint>
 #include <type_traits>
 
@@ -84,23 +86,23 @@ __device__ inline float exp2_flush(float x) {
   return y;
 }
 
-// How the call's score bias enters the per-score code, as body's argument `bias`: bias.table
-// (add the staged slot of the bias table) and bias.linear (add slope · Δ computed from the lag:
-// ALiBi without a table, see ScoreParams::bias_slopes). kCompileTime makes both compile-time
-// constants, one branch per tile and a straight-line copy of the per-score loop for each of no
-// bias, table and (kLinear) linear; else bias.table is a runtime flag and there is no linear
-// copy. The W = 64 kernels take the first (their backward measured 3-7% faster); at W = 128 the
-// copies' extra registers cost CTAs per SM and the flag was 1% faster. Only the wgmma kernels
-// have the linear copy: in the mma.sync key kernel it more than doubled the spills (180 → 464
-// bytes), which no GPU here could measure the cost of.
-template <bool kTable, bool kLinear>
-struct CompileTimeBias {
-  static constexpr bool table = kTable, linear = kLinear;
-};
-struct RuntimeBias {
-  bool table;
-  static constexpr bool linear = false;
-};
+// Which score bias a kernel instantiation applies, and how. The W = 64 forward and query kernels
+// are built once per kind a call can have (with_bias_kind): kNone, kTable (add the staged slot of
+// the bias table), kLinear (add slope · Δ computed from the lag: ALiBi without a table, see
+// ScoreParams::bias_slopes); each gets straight-line per-score code and registers of its own. The
+// W = 64 key kernel is one kernel with a copy of its per-score loop for each of the three
+// (kCopies, chosen per call): built per kind like the others it ran 5% (NoPE) to 8% (PJ-bias)
+// slower at T = 10,240 (build/drv/s19c.sh); copies measured 3-7% faster than a runtime flag. At W = 128
+// (kRuntime) the table is a runtime flag and there is no linear code: the copies' extra registers
+// cost CTAs per SM there, and the flag was 1% faster. Only the wgmma kernels have the linear
+// kind: in the mma.sync key kernel a linear copy more than doubled the spills (180 → 464 bytes),
+// which no GPU here could measure the cost of.
+enum class BiasKind { kNone, kTable, kLinear, kCopies, kRuntime };
+
+// Whether kernels of q/k width kW have the linear kind (or, the key kernel, copy).
+template <int kW, bool kWgmma>
+constexpr bool kLinearBias = kW == 64 && kWgmma;
+
 // body(std::true_type{}) or body(std::false_type{}) as `flag` is set: one branch, and a
 // straight-line copy of body for each value (the body tests flag.value).
 template <class Body>
@@ -111,35 +113,41 @@ __device__ __forceinline__ void with_flag(bool flag, Body&& body) {
     body(std::false_type{});
 }
 
-template <bool kCompileTime, bool kLinear, class Body>
-__device__ __forceinline__ void with_bias(bool table, bool linear, Body&& body) {
-  if constexpr (kCompileTime) {
-    if constexpr (kLinear) {
-      if (linear) {
-        body(CompileTimeBias<false, true>{});
-        return;
-      }
-    }
-    if (table)
+// Which bias a kBias kernel applies for `head`; kLinearCopy: whether a kCopies kernel has the
+// linear copy (kLinearBias).
+template <BiasKind kBias, bool kLinearCopy>
+struct HeadBias {
+  bool linear, table;
+  __device__ explicit HeadBias(const AttentionHead& head)
+      : linear((kBias == BiasKind::kLinear || (kBias == BiasKind::kCopies && kLinearCopy)) && head.linear_bias),
+        table(kBias != BiasKind::kNone && head.bias != nullptr && !linear) {}
+};
+
+// body(bias) with bias.table and bias.linear as `head` has them: compile-time constants, but for
+// kRuntime, whose bias.table is the head's flag (and bias.linear false).
+template <bool kTable, bool kLinear>
+struct CompileTimeBias {
+  static constexpr bool table = kTable, linear = kLinear;
+};
+struct RuntimeBias {
+  bool table;
+  static constexpr bool linear = false;
+};
+template <BiasKind kBias, bool kLinearCopy, class Body>
+__device__ __forceinline__ void with_bias(const HeadBias<kBias, kLinearCopy>& head, Body&& body) {
+  if constexpr (kBias == BiasKind::kRuntime) {
+    body(RuntimeBias{head.table});
+  } else if constexpr (kBias == BiasKind::kCopies) {
+    if (kLinearCopy && head.linear)
+      body(CompileTimeBias<false, kLinearCopy>{});
+    else if (head.table)
       body(CompileTimeBias<true, false>{});
     else
       body(CompileTimeBias<false, false>{});
   } else {
-    body(RuntimeBias{table});
+    body(CompileTimeBias<kBias == BiasKind::kTable, kBias == BiasKind::kLinear>{});
   }
 }
-
-// Which bias a kernel applies for `head`: a linear one computed in the kernels with its copy of
-// the per-score code (kLinear, see with_bias), else the table, if any.
-template <bool kLinear>
-struct HeadBias {
-  bool linear, table;
-  __device__ explicit HeadBias(const AttentionHead& head)
-      : linear(kLinear && head.linear_bias), table(head.bias != nullptr && !linear) {}
-};
-// Whether the kernels of q/k width kW have the linear copy.
-template <int kW, bool kWgmma>
-constexpr bool kLinearBiasCopy = kW == 64 && kWgmma;
 
 // A linear bias b(Δ) = slope · Δ of one tile, in the units the kernel adds it in (`unit`: 1/scale
 // or log2 e): add(x, k) adds it for the lag lag_base + k, k a compile-time offset within the
@@ -157,6 +165,23 @@ struct LinearBias {
   }
   __device__ float add(float x, int k) const { return fmaf(unit_slope, lag_base + float(k), x); }
 };
+
+// Whether a kernel's score accumulators start from the tile's bias slots (start_from_bias): the
+// wgmma kernels with a table, in the forward and the query kernel.
+template <bool kWgmma, BiasKind kBias>
+constexpr bool kTableInAccumulators = kWgmma && kBias == BiasKind::kTable;
+
+// A lane's score accumulators (rows lane.row(e) of 64 or 128, 64 columns) set to the tile's bias
+// slots times `unit`, for a product that adds q̃·k̃ᵀ onto them: the loads and multiplies come
+// before the tensor cores start, into registers the product needs anyway, and the per-score
+// code after it adds nothing.
+__device__ inline void start_from_bias(float (&acc)[kScoreBlocks][4], const float* slots, const Lane& lane,
+                                       float unit) {
+#pragma unroll
+  for (int nb = 0; nb < kScoreBlocks; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nb][e] = slots[lane.row(e) - lane.column(nb, e) + kTile - 1] * unit;
+}
 
 // Whether `value` holds on all 128 threads of this thread's warpgroup, which all call it with the
 // same named barrier (`barrier` ≥ 1: barrier 0 is __syncthreads').
@@ -289,7 +314,7 @@ __device__ void load_operand_tile_async(bf16* tile, const bf16* source, std::int
   }
 }
 
-template <int kW, int kDv, bool kWgmma>
+template <int kW, int kDv, bool kWgmma, BiasKind kBias>
 __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse,
                          const __grid_constant__ AttentionMaps maps) {
@@ -313,7 +338,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   // Tile row of accumulator element e of fragment f, and column of element e of 8-column block nb.
   auto row_of = [&](int f, int e) { return warp_row0 + 16 * f + g + (e / 2) * 8; };
   auto column_of = [&](int nb, int e) { return nb * 8 + 2 * quad + (e & 1); };
-  const HeadBias<kLinearBiasCopy<kW, kWgmma>> bias_of_head(head);
+  const HeadBias<kBias, kLinearBias<kW, kWgmma>> bias_of_head(head);
   const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
@@ -340,7 +365,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   // take the optimistic pass below (ascending, the bias moved the maximum in most tiles). A
   // table's heads (wgmma) start from the end of this block's lags where the table is larger:
   // the diagonal for PJ-bias's decaying sectors, the first keys for a table that grows with the
-  // lag. Only the wgmma kernels have the linear copy, and only their loop has this order.
+  // lag. Only the wgmma kernels have the linear kind, and only their loop has this order.
   const bool descending =
       bias_of_head.linear ||
       (kWgmma && bias_of_head.table && __ldg(head.bias) >= __ldg(head.bias + key_end - 1));
@@ -357,10 +382,14 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     const bf16* v_tile = v_tiles + stage * Layout::v;
     // This warp's scores of key block kb in units of 1/scale, the bias added and the causal mask
     // applied.
+    const float* slots =
+        bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
     auto scores = [&](float (&s)[kFragments][kScoreBlocks][4]) {
       if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
-        wgmma::product_k_major<kW>(s[0], q_tile + group_row0 * 64, kForwardRows, k_tile, kTile);
+        constexpr bool kOnto = kTableInAccumulators<kWgmma, kBias>;
+        if constexpr (kOnto) start_from_bias(s[0], slots, Lane(), inverse_scale);
+        wgmma::product_k_major<kW>(s[0], q_tile + group_row0 * 64, kForwardRows, k_tile, kTile, kOnto);
 #endif
       } else {
 #pragma unroll
@@ -385,12 +414,10 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
       // Only tiles reaching past this warp's first row need the causal mask (a copy of the loop
       // per case): column col of row `row` is hidden when col > i0 + row − j0.
       const bool masked = j0 + kTile - 1 > i0 + warp_row0;
-      const float* slots =
-          bias_slots + stage * Layout::lag_stage + run_lead<kWgmma>(bias_run_first(maps, head.h * T + i0 - j0));
       // Scores stay in units of 1/scale (s + b/scale, one FFMA with a bias) and the scale rides in
       // the exponential's FFMA below: maxima taken in these units are the right ones, the scale
       // being positive.
-      with_bias<kW == 64, kLinearBiasCopy<kW, kWgmma>>(bias_of_head.table, bias_of_head.linear, [&](auto bias) {
+      with_bias(bias_of_head, [&](auto bias) {
         // A linear bias: the lag of this thread's element (f, e) of block nb is
         // lag_base + 16f + 8(e / 2) − 8nb − (e & 1), integers that fp32 holds exactly.
         const LinearBias linear(bias, in.score, head.h, inverse_scale, i0 - j0 + warp_row0 + g - 2 * quad);
@@ -403,7 +430,8 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
               for (int e = 0; e < 4; ++e) {
                 const int row = row_of(f, e), col = column_of(nb, e);
                 float x = s[f][nb][e];
-                if (bias.table) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+                if (bias.table && !kTableInAccumulators<kWgmma, kBias>)
+                  x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
                 if (bias.linear) x = linear.add(x, 16 * f + (e / 2) * 8 - nb * 8 - (e & 1));
                 if (mask.value) x = col > i0 + row - j0 ? -INFINITY : x;
                 s[f][nb][e] = x;
@@ -739,6 +767,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
                           const __grid_constant__ AttentionMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = KeyGradLayout<kW, kDv, kAtomicDq, kWgmma>;
+  constexpr BiasKind kBias = kW == 64 ? BiasKind::kCopies : BiasKind::kRuntime;
   extern __shared__ __align__(16) unsigned char shared[];
   bf16* k_tile = reinterpret_cast<bf16*>(tile_memory<kWgmma>(shared));
   bf16* v_tile = k_tile + Layout::k;
@@ -757,7 +786,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   const int j0 = key_block * kTile;
   const int query_blocks = (T + kTile - 1) / kTile;
   const Lane lane;
-  const HeadBias<kLinearBiasCopy<kW, kWgmma>> bias_of_head(head);
+  const HeadBias<kBias, kLinearBias<kW, kWgmma>> bias_of_head(head);
   const bool sums_lags = grads.bias_grad != nullptr;
   const float scale_log2 = in.score.scale * kLog2e;
   const bf16* dout = grads.dout + head.activation_offset(0, d);
@@ -819,7 +848,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     // (a copy of the loop per case).
     const bool diagonal = qb == key_block;
     const int query_end = T - i0;
-    with_bias<kW == 64, kLinearBiasCopy<kW, kWgmma>>(bias_of_head.table, bias_of_head.linear, [&](auto bias) {
+    with_bias(bias_of_head, [&](auto bias) {
       // A linear bias: the lag of element e of block nb is lag_base + 8nb + (e & 1) − 8(e / 2).
       const LinearBias linear(bias, in.score, head.h, kLog2e, i0 - j0 + 2 * lane.q - lane.warp * 16 - lane.g);
       with_flag(diagonal || query_end < kTile, [&](auto mask) {
@@ -1040,7 +1069,7 @@ struct QueryGradLayout {
 
 // wgmma (kWgmma, sm_90a, d = 64): one warpgroup; S and dP with both operands in shared memory,
 // dq̃ from dS in registers and k̃ as the N-major operand.
-template <int kW, int kDv, bool kWgmma>
+template <int kW, int kDv, bool kWgmma, BiasKind kBias>
 __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads,
                             const __grid_constant__ AttentionMaps maps) {
@@ -1058,7 +1087,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);
   const int i0 = q_block * kTile;
   const Lane lane;
-  const HeadBias<kLinearBiasCopy<kW, kWgmma>> bias_of_head(head);
+  const HeadBias<kBias, kLinearBias<kW, kWgmma>> bias_of_head(head);
   const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
@@ -1090,8 +1119,10 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
     if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
+      constexpr bool kOnto = kTableInAccumulators<kWgmma, kBias>;
+      if constexpr (kOnto) start_from_bias(p, slots, lane, inverse_scale);
       wgmma::begin();  // both products in one batch
-      wgmma::issue_k_major<kW>(p, q_tile, kTile, k_tile, kTile);        // S = q̃ · k̃ᵀ
+      wgmma::issue_k_major<kW>(p, q_tile, kTile, k_tile, kTile, kOnto);  // S (+ b/scale) = q̃ · k̃ᵀ
       wgmma::issue_k_major<kDv>(ds, dout_tile, kTile, v_tile, kTile);  // dP = dout · vᵀ
       wgmma::complete(p, ds);
 #endif
@@ -1103,7 +1134,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     }
     // Only the diagonal tile hides keys (columns past the row); a copy of the loop per case.
     const bool diagonal = kb == q_block;
-    with_bias<kW == 64, kLinearBiasCopy<kW, kWgmma>>(bias_of_head.table, bias_of_head.linear, [&](auto bias) {
+    with_bias(bias_of_head, [&](auto bias) {
       // A linear bias: the lag of element e of block nb is lag_base + 8(e / 2) − 8nb − (e & 1).
       const LinearBias linear(bias, in.score, head.h, inverse_scale, i0 - kb * kTile + lane.warp * 16 + lane.g - 2 * lane.q);
       with_flag(diagonal, [&](auto mask) {
@@ -1114,7 +1145,8 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
             const int row = lane.row(e), col = lane.column(nb, e);
             // log2 P = scale·(s + b/scale)·log2 e − lse·log2 e
             float x = p[nb][e];
-            if (bias.table) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+            if (bias.table && !kTableInAccumulators<kWgmma, kBias>)
+              x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
             if (bias.linear) x = linear.add(x, (e / 2) * 8 - nb * 8 - (e & 1));
             const float prob = mask.value && col > row ? 0.0f : exp2_flush(fmaf(x, scale_log2, minus_lse2[e / 2]));
             ds[nb][e] = prob * (ds[nb][e] - row_dot[e / 2]);
@@ -1198,6 +1230,21 @@ cudaError_t with_widths(const AttentionDims& dims, Launch&& launch) {
   return cudaErrorInvalidValue;
 }
 
+// Calls launch(std::integral_constant<BiasKind, kind>) with the kind of bias that the call's
+// forward and query kernels of q/k width kW apply (BiasKind).
+template <int kW, bool kWgmma, class Launch>
+cudaError_t with_bias_kind(const ScoreParams& score, Launch&& launch) {
+  using Kind = BiasKind;
+  if constexpr (kW != 64) {
+    return launch(std::integral_constant<Kind, Kind::kRuntime>{});
+  } else {
+    if (score.bias == nullptr) return launch(std::integral_constant<Kind, Kind::kNone>{});
+    if constexpr (kLinearBias<kW, kWgmma>)
+      if (score.bias_slopes != nullptr) return launch(std::integral_constant<Kind, Kind::kLinear>{});
+    return launch(std::integral_constant<Kind, Kind::kTable>{});
+  }
+}
+
 // Whether the kernels for (W, d) run on wgmma: in sm_90a-only builds (POPE_CUDA_WGMMA, set by
 // CMake), for the widths the wgmma kernels take (d = 64: v and dout one swizzled panel).
 constexpr bool use_wgmma(int qk_width, int head_dim) {
@@ -1278,9 +1325,11 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
       const cudaError_t encoded = encode_attention_maps(maps, dims, in, nullptr);
       if (encoded != cudaSuccess) return encoded;
     }
-    return launch_with_shared<flash_forward_kernel<kW, kDv, kWgmma>>(
-        tile_grid(dims, kForwardRows), ForwardShape<kWgmma>::threads, ForwardLayout<kW, kDv, kWgmma>::bytes, stream,
-        dims, in, out, lse, maps);
+    return with_bias_kind<kW, kWgmma>(in.score, [&](auto bias) {
+      return launch_with_shared<flash_forward_kernel<kW, kDv, kWgmma, decltype(bias)::value>>(
+          tile_grid(dims, kForwardRows), ForwardShape<kWgmma>::threads, ForwardLayout<kW, kDv, kWgmma>::bytes, stream,
+          dims, in, out, lse, maps);
+    });
   });
 }
 
@@ -1333,8 +1382,10 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
         maps);
     if (keys == cudaSuccess) keys = after_keys();
     if (keys != cudaSuccess) return keys;
-    return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma>>(
-        tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads, maps);
+    return with_bias_kind<kW, kWgmma>(in.score, [&](auto bias) {
+      return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma, decltype(bias)::value>>(
+          tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads, maps);
+    });
   });
   if (status != cudaSuccess || !bias_grad || reduce_beside) return status;
   return reduce_bias_grad(stream);

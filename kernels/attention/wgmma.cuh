@@ -148,15 +148,15 @@ __device__ inline void complete(Accumulators&... accumulators) {
   (detail::fence_operands(accumulators), ...);
 }
 
-// acc = A · Bᵀ over kDepth: A (this warpgroup's 64 rows) and B (64 rows) K-major tiles of
-// a_rows and b_rows rows.
+// acc = A · Bᵀ over kDepth (acc += A · Bᵀ with `onto`): A (this warpgroup's 64 rows) and B (64
+// rows) K-major tiles of a_rows and b_rows rows.
 template <int kDepth>
 __device__ inline void issue_k_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, int a_rows,
-                                     const __nv_bfloat16* b_tile, int b_rows) {
+                                     const __nv_bfloat16* b_tile, int b_rows, bool onto = false) {
   const std::uint64_t a = k_major(a_tile), b = k_major(b_tile);
 #pragma unroll
   for (int k0 = 0; k0 < kDepth; k0 += 16)
-    detail::m64n64k16<0, 0>(acc, a + k_major_step(a_rows, k0), b + k_major_step(b_rows, k0), k0 > 0);
+    detail::m64n64k16<0, 0>(acc, a + k_major_step(a_rows, k0), b + k_major_step(b_rows, k0), onto || k0 > 0);
 }
 
 // acc = A · B over kDepth rows of K: A M-major (tile rows: K, columns: this warpgroup's 64 rows),
@@ -182,9 +182,9 @@ __device__ inline void issue_registers(float (&acc)[8][4], const std::uint32_t (
 // Single products, complete when they return.
 template <int kDepth>
 __device__ inline void product_k_major(float (&acc)[8][4], const __nv_bfloat16* a_tile, int a_rows,
-                                       const __nv_bfloat16* b_tile, int b_rows) {
+                                       const __nv_bfloat16* b_tile, int b_rows, bool onto = false) {
   begin();
-  issue_k_major<kDepth>(acc, a_tile, a_rows, b_tile, b_rows);
+  issue_k_major<kDepth>(acc, a_tile, a_rows, b_tile, b_rows, onto);
   complete(acc);
 }
 template <int kDepth>
