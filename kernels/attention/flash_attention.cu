@@ -174,7 +174,8 @@ constexpr bool kTableInAccumulators = kWgmma && kBias == BiasKind::kTable;
 // A lane's score accumulators (rows lane.row(e) of 64 or 128, 64 columns) set to the tile's bias
 // slots times `unit`, for a product that adds q̃·k̃ᵀ onto them: the loads and multiplies come
 // before the tensor cores start, into registers the product needs anyway, and the per-score
-// code after it adds nothing.
+// code after it adds nothing. (wgmma builds only: the mma.sync kernels clear their accumulators.)
+#if defined(POPE_WGMMA)
 __device__ inline void start_from_bias(float (&acc)[kScoreBlocks][4], const float* slots, const Lane& lane,
                                        float unit) {
 #pragma unroll
@@ -182,6 +183,7 @@ __device__ inline void start_from_bias(float (&acc)[kScoreBlocks][4], const floa
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nb][e] = slots[lane.row(e) - lane.column(nb, e) + kTile - 1] * unit;
 }
+#endif
 
 // Whether `value` holds on all 128 threads of this thread's warpgroup, which all call it with the
 // same named barrier (`barrier` ≥ 1: barrier 0 is __syncthreads').
@@ -339,6 +341,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   auto row_of = [&](int f, int e) { return warp_row0 + 16 * f + g + (e / 2) * 8; };
   auto column_of = [&](int nb, int e) { return nb * 8 + 2 * quad + (e & 1); };
   const HeadBias<kBias, kLinearBias<kW, kWgmma>> bias_of_head(head);
+  constexpr bool kOnto = kTableInAccumulators<kWgmma, kBias>;  // the table starts the scores
   const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
@@ -387,7 +390,6 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     auto scores = [&](float (&s)[kFragments][kScoreBlocks][4]) {
       if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
-        constexpr bool kOnto = kTableInAccumulators<kWgmma, kBias>;
         if constexpr (kOnto) start_from_bias(s[0], slots, Lane(), inverse_scale);
         wgmma::product_k_major<kW>(s[0], q_tile + group_row0 * 64, kForwardRows, k_tile, kTile, kOnto);
 #endif
@@ -430,8 +432,7 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
               for (int e = 0; e < 4; ++e) {
                 const int row = row_of(f, e), col = column_of(nb, e);
                 float x = s[f][nb][e];
-                if (bias.table && !kTableInAccumulators<kWgmma, kBias>)
-                  x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+                if (bias.table && !kOnto) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
                 if (bias.linear) x = linear.add(x, 16 * f + (e / 2) * 8 - nb * 8 - (e & 1));
                 if (mask.value) x = col > i0 + row - j0 ? -INFINITY : x;
                 s[f][nb][e] = x;
@@ -1088,6 +1089,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
   const int i0 = q_block * kTile;
   const Lane lane;
   const HeadBias<kBias, kLinearBias<kW, kWgmma>> bias_of_head(head);
+  constexpr bool kOnto = kTableInAccumulators<kWgmma, kBias>;  // the table starts the scores
   const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
@@ -1119,7 +1121,6 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     float p[kScoreBlocks][4], ds[kScoreBlocks][4];
     if constexpr (kWgmma) {
 #if defined(POPE_WGMMA)
-      constexpr bool kOnto = kTableInAccumulators<kWgmma, kBias>;
       if constexpr (kOnto) start_from_bias(p, slots, lane, inverse_scale);
       wgmma::begin();  // both products in one batch
       wgmma::issue_k_major<kW>(p, q_tile, kTile, k_tile, kTile, kOnto);  // S (+ b/scale) = q̃ · k̃ᵀ
@@ -1145,8 +1146,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
             const int row = lane.row(e), col = lane.column(nb, e);
             // log2 P = scale·(s + b/scale)·log2 e − lse·log2 e
             float x = p[nb][e];
-            if (bias.table && !kTableInAccumulators<kWgmma, kBias>)
-              x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
+            if (bias.table && !kOnto) x = fmaf(slots[row - col + kTile - 1], inverse_scale, x);
             if (bias.linear) x = linear.add(x, (e / 2) * 8 - nb * 8 - (e & 1));
             const float prob = mask.value && col > row ? 0.0f : exp2_flush(fmaf(x, scale_log2, minus_lse2[e / 2]));
             ds[nb][e] = prob * (ds[nb][e] - row_dot[e / 2]);
