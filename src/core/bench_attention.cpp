@@ -17,6 +17,8 @@
 #include "pope/backend.hpp"
 #include "pope/config.hpp"
 #include "pope/position.hpp"
+#include "pope/rng.hpp"
+#include "parameter_init.hpp"
 #include "position_methods.hpp"
 #ifdef POPE_HAVE_CUDA
 #include <cuda_bf16.h>
@@ -162,14 +164,17 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
   DeviceArray encoded(std::size_t(encoded_numel) * sizeof(__nv_bfloat16));
   std::vector<std::unique_ptr<DeviceArray>> storage;
   std::vector<Tensor> params, grads;
-  std::mt19937 engine(7);
-  for (const ParamSpec& spec : encoding->layer_parameters(H, d)) {
-    const std::size_t numel = std::size_t(shape_numel(spec.shape));
-    std::vector<float> values(numel);
-    // PoPE's δ range [−2π, 0]; the PJ-bias's parameters may take any finite values for timing
-    // (its table is evaluated in fp64 whatever they are).
-    std::uniform_real_distribution<float> uniform(-6.0f, 0.0f);
-    for (float& v : values) v = uniform(engine);
+  // The positional parameters at the model's initial values, the ones training starts from: a
+  // PJ-bias's values decide how often the forward's running maxima move (docs/design.md, "The
+  // forward's softmax"), so arbitrary values would time another workload.
+  Rng rng(7);
+  const std::vector<ParamSpec> specs = encoding->layer_parameters(H, d);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::size_t numel = std::size_t(shape_numel(specs[i].shape));
+    std::vector<double> initial(numel);
+    initialize_parameter(specs[i], rng, initial,
+                         [&](std::span<double> out) { encoding->initialize_custom(i, out, H, d); });
+    const std::vector<float> values(initial.begin(), initial.end());
     storage.push_back(std::make_unique<DeviceArray>(numel * sizeof(float)));
     params.push_back(storage.back()->tensor(DType::f32, {std::int64_t(numel)}));
     POPE_CUDA_CHECK(cudaMemcpy(params.back().data, values.data(), numel * sizeof(float), cudaMemcpyHostToDevice));

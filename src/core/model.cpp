@@ -5,10 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
-#include <thread>
 #include <vector>
 
-#include "cpu/cpu_parallel.hpp"
+#include "parameter_init.hpp"
 #include "pope/rng.hpp"
 
 namespace pope {
@@ -30,23 +29,6 @@ DType forward_only_logits_dtype(DType activation) {
 }
 
 std::string layer_name(int layer, const char* what) { return fmt::format("layers.{}.{}", layer, what); }
-
-// out[k] = scale · (k-th rng.normal()), the values n calls in a row would give: the
-// generator's words are drawn in order (cheap), a chunk at a time, and only their transform
-// (log, sqrt, cos) runs on every core, so a 774M model initialises in seconds, not half a
-// minute.
-void fill_normal(Rng& rng, double scale, double* out, std::int64_t n) {
-  constexpr std::int64_t kChunk = std::int64_t(1) << 20;
-  std::vector<std::uint64_t> words(std::size_t(2 * std::min(n, kChunk)));
-  const int threads = std::max(1, int(std::thread::hardware_concurrency()));
-  for (std::int64_t begin = 0; begin < n; begin += kChunk) {
-    const std::int64_t count = std::min(kChunk, n - begin);
-    for (std::int64_t w = 0; w < 2 * count; ++w) words[std::size_t(w)] = rng.next_u64();
-    cpu::parallel_for(threads, count, [&](std::int64_t k) {
-      out[begin + k] = scale * Rng::normal_from(words[std::size_t(2 * k)], words[std::size_t(2 * k + 1)]);
-    });
-  }
-}
 
 }  // namespace
 
@@ -243,25 +225,13 @@ void Model::initialize(std::uint64_t seed) {
     double* p = values.data() + layout_.offset(i);
     // Padded vocabulary rows of the embedding stay zero: never looked up, never in the loss.
     const std::int64_t n = i == wte_ ? std::int64_t(config_.vocab_size) * config_.n_embd : shape_numel(spec.shape);
-    switch (spec.init) {
-      case InitKind::normal:
-        fill_normal(rng, spec.init_a, p, n);
-        break;
-      case InitKind::uniform:
-        for (std::int64_t k = 0; k < n; ++k) p[k] = rng.uniform(spec.init_a, spec.init_b);
-        break;
-      case InitKind::ones: std::fill(p, p + n, 1.0); break;
-      case InitKind::zeros: std::fill(p, p + n, 0.0); break;
-      case InitKind::custom: {
-        // Only positional parameters use custom initialisers; find which entry this is.
-        const auto specs = position_->layer_parameters(config_.n_head, d);
-        const std::string suffix = spec.name.substr(spec.name.find(".position.") + 10);
-        const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == suffix; });
-        position_->initialize_custom(static_cast<std::size_t>(it - specs.begin()),
-                                     std::span<double>(p, static_cast<std::size_t>(n)), config_.n_head, d);
-        break;
-      }
-    }
+    initialize_parameter(spec, rng, std::span<double>(p, std::size_t(n)), [&](std::span<double> out) {
+      // Only positional parameters use custom initialisers; find which entry this is.
+      const auto specs = position_->layer_parameters(config_.n_head, d);
+      const std::string suffix = spec.name.substr(spec.name.find(".position.") + 10);
+      const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == suffix; });
+      position_->initialize_custom(static_cast<std::size_t>(it - specs.begin()), out, config_.n_head, d);
+    });
   }
   if (params_.tensor.dtype == DType::f64) {
     backend_.copy_from_host(params_.tensor, values.data());
