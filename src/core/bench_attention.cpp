@@ -269,7 +269,7 @@ std::string format_attention_bench(const std::vector<AttentionBenchRow>& rows) {
   text +=
       "TFLOP/s from causal FLOPs: forward 2·B·H·(T²/2)·(W + d) (QKᵀ over W, PV over d), backward 2.5× forward; "
       "times include the q/k transform (ours for either impl); cudnn: cuDNN's fused SDPA on the encoded q̃, k̃, "
-      "for encodings without a score bias.\n";
+      "for encodings without a score bias; positional parameters at the model's initial values.\n";
   return text;
 }
 
