@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The attention targets of issues 5 and 6 as one Markdown table.
 
-Reads the JSON of one or more `pope-bench attention` runs (rounds; `--impl both` adds cuDNN's rows)
+Reads the JSON of one or more `pope-bench attention` runs (a round's rows may come in one file or in
+one file per encoding; `--impl both` adds cuDNN's rows)
 and, optionally, PyTorch SDPA's (scripts/reference/attention_sdpa_bench.py --json). Prints the
 median forward+backward ms per encoding, implementation and T over the rounds (with the range
 when there are several), then the ratios the targets are stated in, each from the medians.
@@ -42,7 +43,7 @@ def load_rows(path, what):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("rounds", nargs="+", help="pope-bench attention --json files, one per round")
+    parser.add_argument("rounds", nargs="+", help="pope-bench attention --json files, one or more per round")
     parser.add_argument("--sdpa", help="scripts/reference/attention_sdpa_bench.py --json file")
     args = parser.parse_args()
 
@@ -61,7 +62,7 @@ def main():
     median = {key: statistics.median(v) for key, v in values.items()}
     lengths = sorted({T for _, _, T in values})
 
-    rounds = len(args.rounds)
+    rounds = max(len(v) for v in values.values())  # a round may span several files (one per encoding)
     print(f"\n| f+b ms, median of {rounds} round(s) | " + " | ".join(f"T = {T}" for T in lengths) + " |")
     print("|---|" + "---:|" * len(lengths))
     for encoding, impl in sorted({(e, i) for e, i, _ in values}):

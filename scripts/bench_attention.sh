@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issues 5 and 6's attention benchmark in one call on the GPU machine: ROUNDS runs of pope-bench
-# attention --impl both (fused kernels for nope, rope, pope, alibi and PJ-RoPE's full and
-# pj_rotary, and cuDNN's fused SDPA in the same process on the same encoded q/k, at T = 1024,
-# 4096, 10240, 16384, d = 64, H = 12, B = ⌊16384 / T⌋), the encodings' order rotated from round
-# to round so that clock drift touches each alike; then cuDNN through PyTorch SDPA
+# Issues 5 and 6's attention benchmark in one call on the GPU machine: ROUNDS rounds of pope-bench
+# attention --impl both, one process per encoding (fused kernels for nope, rope, pope, alibi and
+# PJ-RoPE's full and pj_rotary, and cuDNN's fused SDPA in the same process on the same encoded
+# q/k, at T = 1024, 4096, 10240, 16384, d = 64, H = 12, B = ⌊16384 / T⌋), the encodings' order
+# rotated from round to round so that clock drift touches each alike; then cuDNN through PyTorch SDPA
 # (scripts/reference/attention_sdpa_bench.py, q/k 64 and 128 wide, v 64: performance.md's
 # anchors); last, scripts/attention_table.py's tables: median forward+backward ms per encoding and
 # implementation, and the ratios the targets are stated in.
@@ -38,11 +38,16 @@ rounds=()
 for round in $(seq 1 "$ROUNDS"); do
   shift_by=$(( (round - 1) % ${#encodings[@]} ))
   order=("${encodings[@]:shift_by}" "${encodings[@]:0:shift_by}")
-  json="$LOGS/pope_attention_$round.json"
-  # shellcheck disable=SC2086  # BENCH_ARGS holds several arguments
-  "$BUILD/src/pope-bench" attention --impl both --encodings "$(IFS=,; echo "${order[*]}")" --lengths "$LENGTHS" \
-    ${BENCH_ARGS:-} --json "$json" | tee "$LOGS/pope_attention_$round.txt"
-  rounds+=("$json")
+  # One process per encoding, as training runs one: timed after the other encodings (and cuDNN)
+  # in one process, `full` read up to 10% slower than alone at T = 10,240 and NoPE 6% faster
+  # (docs/benchmarks.md, "Fused attention").
+  for encoding in "${order[@]}"; do
+    json="$LOGS/pope_attention_${round}_$encoding.json"
+    # shellcheck disable=SC2086  # BENCH_ARGS holds several arguments
+    "$BUILD/src/pope-bench" attention --impl both --encodings "$encoding" --lengths "$LENGTHS" \
+      ${BENCH_ARGS:-} --json "$json" | tee "$LOGS/pope_attention_${round}_$encoding.txt"
+    rounds+=("$json")
+  done
 done
 sdpa=()
 if [ "${SDPA:-1}" != 0 ]; then

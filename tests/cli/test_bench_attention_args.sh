@@ -38,6 +38,21 @@ expect_output "| RoPE / PyTorch cuDNN (≤ 1.10) | 0.764 |"
 expect_output "| PoPE / PyTorch cuDNN (128-wide q/k) (< 1) | 0.787 |"
 expect_output "| PoPE / RoPE (≤ 1.15) | 1.500 |"
 grep -q "ALiBi" "$SCRATCH/out" && fail "a ratio without rows was printed"
+expect_output "| f+b ms, median of 2 round(s) |"
+
+# bench_attention.sh writes a round as one file per encoding: rows join across files, and the
+# rounds counted are the most values any row has, not the files.
+per_encoding() {  # per_encoding FILE ENCODING MS
+  echo "{\"rows\": [{\"encoding\": \"$2\", \"impl\": \"fused\", \"seq_len\": 4096, \"qk_width\": 64, \"forward_backward_ms\": $3}]}" >"$1"
+}
+per_encoding "$SCRATCH/n1.json" nope 1.00
+per_encoding "$SCRATCH/f1.json" full 1.20
+per_encoding "$SCRATCH/n2.json" nope 1.10
+per_encoding "$SCRATCH/f2.json" full 1.32
+expect_exit 0 python3 "$TABLE" "$SCRATCH/n1.json" "$SCRATCH/f1.json" "$SCRATCH/n2.json" "$SCRATCH/f2.json"
+expect_output "| f+b ms, median of 2 round(s) | T = 4096 |"
+expect_output "| full (fused) | 1.260 (1.200–1.320) |"
+expect_output "| \`full\` / NoPE (≤ 1.10) | 1.200 |"
 printf 'not json' >"$SCRATCH/bad.json"
 expect_exit 1 python3 "$TABLE" "$SCRATCH/bad.json"
 expect_output "round $SCRATCH/bad.json: not a benchmark JSON with rows"
