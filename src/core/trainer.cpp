@@ -93,6 +93,9 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
                           ? fmt::format("[%Y-%m-%d %H:%M:%S] %^%l%$ rank {}: %v", communicator_->rank())
                           : std::string("[%Y-%m-%d %H:%M:%S] %^%l%$ %v"));
   logger_ = logger;
+  // The default logger too: an error that ends the run, logged by pope-train's main after the
+  // trainer is gone, then reaches train.log as well as the console.
+  spdlog::set_default_logger(logger);
 
   if (task) {
     task_ = std::make_unique<IndirectIndexingTask>(config_.data.indirect_indexing);

@@ -13,6 +13,7 @@
 #include "pope/bench.hpp"
 #include "pope/checkpoint.hpp"
 #include "pope/config.hpp"
+#include "console_log.hpp"
 #include "number_checks.hpp"
 #include "output_file.hpp"
 
@@ -135,6 +136,7 @@ int run_train(const TrainCommand& cmd) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pope::tools::log_to_stderr("pope-bench");
   CLI::App app{"pope-bench: benchmarks of the pope trainer."};
   app.footer("Exit codes: 0 done, 1 data/runtime error, 2 usage or config error.");
   app.require_subcommand(1);
@@ -155,6 +157,9 @@ int main(int argc, char** argv) {
   } catch (const pope::ConfigError& e) {
     spdlog::error("config error: {}", e.what());
     return kExitConfig;
+  } catch (const std::bad_alloc&) {
+    spdlog::error("{}", pope::tools::kOutOfMemory);
+    return kExitRuntime;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return kExitRuntime;

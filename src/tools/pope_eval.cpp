@@ -20,6 +20,7 @@
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/pj_diagnostics.hpp"
+#include "console_log.hpp"
 #include "number_checks.hpp"
 #include "output_file.hpp"
 
@@ -217,6 +218,7 @@ int run_plot_csv(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pope::tools::log_to_stderr("pope-eval");
   CLI::App app{"pope-eval: perplexity of checkpoints versus evaluation length (PG-19 protocol of the PoPE paper).\n"
                "Each token file is one book; a window of L tokens predicts L next tokens, windows do not overlap,\n"
                "each book's remainder is dropped; perplexity = exp(mean NLL over all tokens of all windows)."};
@@ -296,6 +298,9 @@ int main(int argc, char** argv) {
   } catch (const pope::ConfigError& e) {
     spdlog::error("config error: {}", e.what());
     return kExitConfig;
+  } catch (const std::bad_alloc&) {
+    spdlog::error("{}", pope::tools::kOutOfMemory);
+    return kExitRuntime;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return kExitRuntime;

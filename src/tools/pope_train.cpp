@@ -19,7 +19,9 @@
 #include "pope/model.hpp"
 #include "pope/position.hpp"
 #include "pope/train.hpp"
+#include "console_log.hpp"
 #include "number_checks.hpp"
+#include "text_checks.hpp"
 
 namespace {
 
@@ -49,6 +51,7 @@ int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_d
 }  // namespace
 
 int main(int argc, char** argv) {
+  pope::tools::log_to_stderr("pope-train");
   CLI::App app{"pope-train: train a GPT whose attention uses a pluggable positional encoding (RoPE, PoPE, ALiBi, "
                "NoPE).\nConfig keys are documented in configs/README.md."};
   app.footer("Multi-GPU: one process per GPU, e.g. mpirun -np 2 -x NCCL_NVLS_ENABLE=0 pope-train -c CONFIG, or\n"
@@ -62,14 +65,19 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool dry_run = false, quiet = false, no_checkpoints = false;
   long stop_at = 0;
-  app.add_option("-c,--config", config_path, "JSON config file; a bare name resolves in configs/")->required();
+  app.add_option("-c,--config", config_path, "JSON config file; a bare name resolves in configs/")
+      ->required()
+      ->check(pope::tools::kNonEmpty);
   app.add_option("-s,--set", overrides, "override a config key, e.g. --set model.position.kind=rope (repeatable)");
-  app.add_option("-o,--out", out_dir, "run directory (default: the config's out_dir, else runs/<config name>)");
+  app.add_option("-o,--out", out_dir, "run directory (default: the config's out_dir, else runs/<config name>)")
+      ->check(pope::tools::kNonEmpty);
   app.add_option("--resume", resume, "continue a run: 'auto' (newest checkpoint in the run directory, if any) or a "
-                                     "checkpoint/run directory");
+                                     "checkpoint/run directory")
+      ->check(pope::tools::kNonEmpty);
   app.add_option("--init-from", init_from, "start a fresh run from a checkpoint's weights (run or step directory): "
                                            "optimizer state, step and LR schedule start fresh; the tensor shapes "
-                                           "must match this config's. Ignored when --resume finds a checkpoint");
+                                           "must match this config's. Ignored when --resume finds a checkpoint")
+      ->check(pope::tools::kNonEmpty);
   app.add_option("--device", device, "auto | cpu | cuda (overrides train.device)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--stop-at", stop_at, "checkpoint and exit 0 after this global step (time-sliced jobs; the LR "
@@ -137,6 +145,8 @@ int main(int argc, char** argv) {
     return fail(kExitConfig, std::string("launch error: ") + e.what());
   } catch (const pope::TrainingAborted& e) {
     return fail(kExitAborted, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(kExitRuntime, pope::tools::kOutOfMemory);
   } catch (const std::exception& e) {
     return fail(kExitRuntime, e.what());
   }
