@@ -83,6 +83,10 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, cons
 CheckpointData load_checkpoint(const std::filesystem::path& path, const ParameterLayout& layout,
                                bool weights_only = false);
 
+// The trainer.json of a step directory. Its step must be the one the directory is named for
+// (step_N): resuming or reporting another step than the weights' would be silently wrong.
+TrainerState read_trainer_state(const std::filesystem::path& step_dir);
+
 // Newest complete step directory under <run_dir>/checkpoints, if any.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& run_dir);
 

@@ -356,6 +356,25 @@ CheckpointLocation locate_checkpoint(const fs::path& path) {
   return paths;
 }
 
+TrainerState read_trainer_state(const fs::path& step_dir) {
+  const fs::path trainer_file = step_dir / kTrainerFile;
+  if (!fs::is_regular_file(trainer_file))
+    throw CheckpointError(fmt::format("checkpoint {} is incomplete: missing {}", step_dir, kTrainerFile));
+  nlohmann::json state_json;
+  try {
+    state_json = nlohmann::json::parse(read_text_file(trainer_file));
+  } catch (const nlohmann::json::exception& error) {
+    throw CheckpointError(fmt::format("{} is not valid JSON: {}", trainer_file, error.what()));
+  }
+  TrainerState state = TrainerState::from_json(state_json, trainer_file.string());
+  const std::optional<long> named = parse_step_dir_name(step_dir.filename().string());
+  if (named && *named != state.step)
+    throw CheckpointError(fmt::format("{} says step {}, but its directory is {}: the checkpoint was altered or "
+                                      "copied over another; expected step {}",
+                                      trainer_file, state.step, step_dir.filename().string(), *named));
+  return state;
+}
+
 CheckpointData load_checkpoint(const fs::path& path, const ParameterLayout& layout, bool weights_only) {
   const fs::path step_dir = step_dir_named_by(path);
 
@@ -374,14 +393,7 @@ CheckpointData load_checkpoint(const fs::path& path, const ParameterLayout& layo
   data.params = arena_from_tensors(layout, model, "", model_file);
   if (weights_only) return data;
 
-  const fs::path trainer_file = step_dir / kTrainerFile;
-  nlohmann::json state_json;
-  try {
-    state_json = nlohmann::json::parse(read_text_file(trainer_file));
-  } catch (const nlohmann::json::exception& error) {
-    throw CheckpointError(fmt::format("{} is not valid JSON: {}", trainer_file, error.what()));
-  }
-  data.state = TrainerState::from_json(state_json, trainer_file.string());
+  data.state = read_trainer_state(step_dir);
 
   // A checkpoint saved without optimizer state resumes with fresh moments (left empty here).
   const fs::path optimizer_file = step_dir / kOptimizerFile;

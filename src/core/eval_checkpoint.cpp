@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/std.h>
 
-#include <fstream>
-
 #include "pope/checkpoint.hpp"
 #include "pope/eval.hpp"
 #include "pope/position.hpp"
@@ -16,19 +14,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kScalingPrefix = "model.position.rope.scaling.";
-
-long read_step(const fs::path& step_dir) {
-  const fs::path file = step_dir / "trainer.json";
-  std::ifstream in(file);
-  if (!in) throw CheckpointError(fmt::format("checkpoint {} is incomplete: missing trainer.json", step_dir));
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& error) {
-    throw CheckpointError(fmt::format("{} is not valid JSON: {}", file, error.what()));
-  }
-  return TrainerState::from_json(json, file.string()).step;
-}
 
 std::string run_name(const CheckpointLocation& paths) { return paths.config_file.parent_path().filename().string(); }
 
@@ -67,7 +52,7 @@ EvalCheckpoint open_eval_checkpoint(const fs::path& path, const std::vector<std:
     throw ConfigError("--rope-scaling",
                       fmt::format("checkpoint {} uses position encoding '{}'; RoPE scaling applies only to 'rope'",
                                   path, checkpoint.config.model.position.kind));
-  checkpoint.step = read_step(paths.step_dir);
+  checkpoint.step = read_trainer_state(paths.step_dir).step;
   checkpoint.label = run_name(paths);
   return checkpoint;
 }

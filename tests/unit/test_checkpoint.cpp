@@ -1,10 +1,13 @@
 // safetensors files (round trip, corruption, interoperability with an independent Python
 // reader/writer) and trainer checkpoints (round trip, pruning, replacement, errors).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include "pope/checkpoint.hpp"
@@ -400,6 +403,24 @@ TEST(Checkpoint, BadPathsAndArgumentsAreCheckpointErrors) {
   EXPECT_THROW(save_checkpoint(run.path(), layout, data, 1), CheckpointError);
 }
 
+TEST(Checkpoint, ATrainerStateOfAnotherStepThanItsDirectoryIsRefused) {
+  ScratchDir run;
+  const auto layout = tiny_layout();
+  const auto dir = save_checkpoint(run.path(), layout, full_checkpoint(layout, 6), 1);
+  EXPECT_EQ(read_trainer_state(dir).step, 6);
+  auto state = nlohmann::json::parse(std::ifstream(dir / "trainer.json"));
+  state["step"] = 100;
+  std::ofstream(dir / "trainer.json") << state.dump();
+  for (const auto& load : std::vector<std::function<void()>>{[&] { load_checkpoint(dir, layout); },
+                                                            [&] { read_trainer_state(dir); }}) {
+    const std::string message = thrown_message<CheckpointError>(load);
+    EXPECT_NE(message.find("says step 100, but its directory is step_00000006"), std::string::npos) << message;
+  }
+  // A directory not named step_N (a copy made by hand) is taken at its word.
+  std::filesystem::rename(dir, run / "by_hand");
+  EXPECT_EQ(read_trainer_state(run / "by_hand").step, 100);
+}
+
 TEST(TrainerState, JsonRoundTripAndFieldErrors) {
   TrainerState state;
   state.step = 7;
@@ -434,4 +455,56 @@ TEST(WriteFileAtomic, ReplacesContentsAndReportsFailures) {
   EXPECT_EQ(entries_of(dir.path()), (std::vector<std::string>{"config.json"}));
   EXPECT_NE(thrown_message<CheckpointError>([&] { write_file_atomic(dir / "no" / "x.json", ""); }).find("x.json"),
             std::string::npos);
+}
+
+// A rename replaces whatever is at the path: `--json link.json` turned the symlink into a plain
+// file (its target unchanged). The write must go to the file the link resolves to, with the
+// temporary file in that file's directory, and leave the link a link.
+TEST(WriteFileAtomic, WritesThroughASymlinkAndKeepsIt) {
+  ScratchDir dir;
+  std::filesystem::create_directory(dir / "results");
+  std::filesystem::create_directory(dir / "links");
+  write_file_atomic(dir / "results" / "r.json", "old\n");
+  std::filesystem::create_symlink("../results/r.json", dir / "links" / "r.json");  // relative, as ln -s makes them
+  write_file_atomic(dir / "links" / "r.json", "new\n");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "links" / "r.json"));
+  const auto bytes = read_bytes(dir / "results" / "r.json");
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()), "new\n");
+  EXPECT_EQ(entries_of(dir / "links"), (std::vector<std::string>{"r.json"}));
+  EXPECT_EQ(entries_of(dir / "results"), (std::vector<std::string>{"r.json"}));
+
+  // A dangling link: the file it names is created, as a plain open() would.
+  std::filesystem::create_symlink(dir / "results" / "fresh.json", dir / "links" / "fresh.json");
+  write_file_atomic(dir / "links" / "fresh.json", "{}\n");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "links" / "fresh.json"));
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir / "results" / "fresh.json"));
+}
+
+// As root, `--csv /dev/full` replaced the device node with a regular file. Anything that
+// exists and is not a regular file is refused, named, and left as it was.
+TEST(WriteFileAtomic, RefusesToReplaceWhatIsNotARegularFile) {
+  ScratchDir dir;
+  const auto fifo = dir / "pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto message = thrown_message<CheckpointError>([&] { write_file_atomic(fifo, "x\n"); });
+  EXPECT_NE(message.find(fifo.string() + " is a FIFO (named pipe), not a regular file; expected a file path to write"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(std::filesystem::status(fifo).type(), std::filesystem::file_type::fifo);
+
+  std::filesystem::create_directory(dir / "out");
+  message = thrown_message<CheckpointError>([&] { write_file_atomic(dir / "out", "x\n"); });
+  EXPECT_NE(message.find((dir / "out").string() + " is a directory, not a regular file"), std::string::npos) << message;
+  EXPECT_TRUE(std::filesystem::is_directory(dir / "out"));
+
+  // Through a link, the message names both the link and what it resolves to.
+  std::filesystem::create_symlink(fifo, dir / "link");
+  message = thrown_message<CheckpointError>([&] { write_file_atomic(dir / "link", "x\n"); });
+  EXPECT_NE(message.find((dir / "link").string() + " resolves to " + fifo.string() + ", which is a FIFO"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(std::filesystem::status(fifo).type(), std::filesystem::file_type::fifo);
+  // No temporary file was left behind.
+  EXPECT_EQ(entries_of(dir.path()), (std::vector<std::string>{"link", "out", "pipe"}));
+  EXPECT_TRUE(std::filesystem::is_empty(dir / "out"));
 }
