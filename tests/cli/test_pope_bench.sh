@@ -87,6 +87,10 @@ expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 
 expect_output "no/such/dir/x.json\" does not exist"
 expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --json "$SCRATCH"
 expect_output "is a directory"
+# A device is not replaced by a file (the writer renames its temporary file over the target).
+expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --json /dev/null
+expect_output "\"/dev/null\" is not a regular file"
+[ -c /dev/null ] || fail "/dev/null is no longer a character device"
 expect_exit 1 "$BENCH" train --config "$SCRATCH/tiny.json" --data --set data.train="$SCRATCH/absent.bin"
 expect_output "absent.bin"
 
