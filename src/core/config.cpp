@@ -2,6 +2,8 @@
 // keys), the gradient-accumulation split and the config hash.
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -16,6 +18,8 @@
 #include "core/position_methods.hpp"
 #include "pope/config.hpp"
 #include "pope/indirect_indexing.hpp"
+#include "pope/model.hpp"
+#include "pope/position.hpp"
 
 namespace pope {
 
@@ -153,6 +157,34 @@ void check_position(const ModelConfig& model, const std::string& source) {
   }
 }
 
+// Limits on products of sizes that are each within their key's range. 2^40 parameters (1,400×
+// the paper's 774M) would need 8 TiB for the fp32 weights and gradients every rank holds; the
+// tokens of a step and of a micro-batch are counted in 32-bit ints (the dry run's batch plan, the
+// row counts of the CUDA embedding, RMSNorm and cross-entropy kernels).
+constexpr double kMaxParameters = 1099511627776.0;  // 2^40
+constexpr long kMaxTokensPerStep = std::numeric_limits<int>::max();
+
+void check_sizes(const RunConfig& config, const std::string& source) {
+  const ModelConfig& model = config.model;
+  const double parameters = config_schema::parameter_count(model);
+  // model.n_embd is in both the layers' (12·n_embd² each) and the embedding's (vocab × n_embd) terms.
+  if (parameters > kMaxParameters) {
+    fail("model.n_embd",
+         fmt::format("expected at most 2^40 = {:.0f} parameters, found {:.0f} from model.n_layer ({}), model.n_embd "
+                     "({}), model.vocab_size ({}) and model.position.kind ({})",
+                     kMaxParameters, parameters, model.n_layer, model.n_embd, model.vocab_size, model.position.kind),
+         source);
+  }
+  const long tokens = long(config.train.batch_size) * config.train.seq_len;
+  if (tokens > kMaxTokensPerStep) {
+    fail("train.seq_len",
+         fmt::format("expected train.batch_size ({}) × train.seq_len ({}) to be at most 2^31 − 1 = {} tokens per "
+                     "step, found {}",
+                     config.train.batch_size, config.train.seq_len, kMaxTokensPerStep, tokens),
+         source);
+  }
+}
+
 // cuDNN's SDPA (attention.impl = cudnn) takes q̃, k̃, v and a scale, nothing else: encodings that
 // add a score bias (ALiBi, the PJ-bias methods) have no place in it, and there is no CPU cuDNN.
 // Its widths: head dims that are multiples of 8 with q/k rows of at most 256 (PoPE: d ≤ 128).
@@ -238,11 +270,26 @@ std::string fnv1a_64_hex(const std::string& bytes) {
 
 namespace config_schema {
 
+// Every layer has the same parameters, so count_parameters is P(1) + (n_layer − 1)·(P(2) − P(1)):
+// two layouts of one and two layers instead of n_layer, each count exact in int64 within the
+// per-key bounds, and the sum in double, so that no size can make it wrap.
+double parameter_count(const ModelConfig& model) {
+  const std::unique_ptr<PositionEncoding> position = make_position_encoding(model);
+  ModelConfig shallow = model;
+  shallow.n_layer = 1;
+  const double one_layer = double(count_parameters(shallow, build_parameter_layout(shallow, *position)));
+  shallow.n_layer = 2;
+  const double per_layer = double(count_parameters(shallow, build_parameter_layout(shallow, *position))) - one_layer;
+  return one_layer + double(model.n_layer - 1) * per_layer;
+}
+
 void check_config(const RunConfig& config, const std::string& source) {
   // Per-key ranges first: the rules below divide by n_head and micro_batch_size.
   for (const Field& field : fields()) check_field(field, config, source);
   check_model_shape(config.model, source);
   check_position(config.model, source);
+  // After the shape and position rules: counting builds the position encoding, which checks them too.
+  check_sizes(config, source);
   check_window(config, source);
   check_attention_impl(config, source);
   if (config.data.kind == "indirect_indexing") check_indirect_indexing(config, source);

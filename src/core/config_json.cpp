@@ -1,6 +1,8 @@
 // RunConfig <-> JSON, and `a.b.c=value` overrides of the JSON form. Every key is handled
 // through the schema table; nothing here names an individual key.
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -142,6 +144,14 @@ void apply_override(json& json_config, const std::string& assignment) {
   // Values are JSON when they parse as JSON (numbers, booleans, "quoted", arrays), otherwise
   // plain strings, so that model.position.kind=rope needs no quotes.
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) {
+    // A number too large for a double fails to parse too; it is not meant as a string.
+    char* end = nullptr;
+    errno = 0;
+    std::strtod(text.c_str(), &end);
+    if (!text.empty() && *end == '\0' && errno == ERANGE)
+      throw ConfigError(path, fmt::format("{} is outside the range of a double (in override '{}')", text, assignment));
+  }
   (*section)[path.substr(start)] = value.is_discarded() ? json(text) : value;
 }
 

@@ -28,6 +28,25 @@ Range between(double min, double max) { return {.min = min, .min_exclusive = fal
 // Any value of the member's type (integers are still checked to fit it).
 Range any() { return {}; }
 
+// Upper bounds of the size keys: far above every paper setting (774M: 36 layers, n_embd 1280,
+// 20 heads, vocabulary 50,257 padded to 50,304; windows up to 10,240 in evaluation, fine-tunes
+// at 4,096), yet small enough that a dry run, which lays out every layer, finishes at once, and
+// that the products of two sizes (embedding rows × n_embd, n_embd², micro-batch × window) cannot
+// overflow 64-bit element counts. Unbounded, 2^31 − 1 layers hang the dry run and a width of
+// 2^30 makes the parameter count wrap. check_config adds the cross-key limits (parameter
+// count, tokens per step).
+constexpr double kMaxLayers = 1024;
+constexpr double kMaxWidth = 65536;        // n_embd, and so n_head (it divides n_embd)
+constexpr double kMaxVocab = 1 << 24;      // vocab_size, padded_vocab_size
+constexpr double kMaxLength = 1 << 20;     // context_length, seq_len
+constexpr double kMaxSequences = 1 << 20;  // batch_size, micro_batch_size
+// More OpenMP threads than any machine's cores only oversubscribe it; libgomp allocates
+// per-thread state up front, so 100,000 threads crash it and 2^31 − 1 runs it out of memory.
+constexpr double kMaxThreads = 1024;
+// A bucket larger than any gradient arena is one bucket already; the bound keeps the byte
+// count (MiB × 2^20, converted to int64) from overflowing.
+constexpr double kMaxBucketMib = 1 << 20;
+
 std::vector<std::string_view> position_kinds() {
   std::vector<std::string_view> kinds;
   for (const PositionMethod& method : position_methods()) kinds.push_back(method.name);
@@ -36,12 +55,12 @@ std::vector<std::string_view> position_kinds() {
 
 std::vector<Field> make_fields() {
   return {
-      {POPE_CONFIG_KEY(model.vocab_size), at_least(1)},
-      {POPE_CONFIG_KEY(model.padded_vocab_size), at_least(1)},
-      {POPE_CONFIG_KEY(model.n_layer), at_least(1)},
-      {POPE_CONFIG_KEY(model.n_head), at_least(1)},
-      {POPE_CONFIG_KEY(model.n_embd), at_least(1)},
-      {POPE_CONFIG_KEY(model.context_length), at_least(1)},
+      {POPE_CONFIG_KEY(model.vocab_size), between(1, kMaxVocab)},
+      {POPE_CONFIG_KEY(model.padded_vocab_size), between(1, kMaxVocab)},
+      {POPE_CONFIG_KEY(model.n_layer), between(1, kMaxLayers)},
+      {POPE_CONFIG_KEY(model.n_head), between(1, kMaxWidth)},
+      {POPE_CONFIG_KEY(model.n_embd), between(1, kMaxWidth)},
+      {POPE_CONFIG_KEY(model.context_length), between(1, kMaxLength)},
       {POPE_CONFIG_KEY(model.norm_eps), above(0)},
       {POPE_CONFIG_KEY(model.init_std), above(0)},
       {POPE_CONFIG_KEY(model.position.kind), any(), position_kinds()},
@@ -86,9 +105,9 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(optim.weight_decay), at_least(0)},
       {POPE_CONFIG_KEY(optim.grad_clip), at_least(0)},
       {POPE_CONFIG_KEY(train.steps), at_least(1), {}, Hashed::no},
-      {POPE_CONFIG_KEY(train.batch_size), at_least(1)},
-      {POPE_CONFIG_KEY(train.micro_batch_size), at_least(1)},
-      {POPE_CONFIG_KEY(train.seq_len), at_least(1)},
+      {POPE_CONFIG_KEY(train.batch_size), between(1, kMaxSequences)},
+      {POPE_CONFIG_KEY(train.micro_batch_size), between(1, kMaxSequences)},
+      {POPE_CONFIG_KEY(train.seq_len), between(1, kMaxLength)},
       {POPE_CONFIG_KEY(train.seed), any()},
       {POPE_CONFIG_KEY(train.log_every), at_least(1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.eval_every), at_least(0), {}, Hashed::no},
@@ -102,11 +121,11 @@ std::vector<Field> make_fields() {
       // How the ranks share the work changes neither the data nor the arithmetic of a step
       // (beyond rounding), and checkpoints hold the whole optimizer state: not hashed, so a
       // run resumes with either setting.
-      {POPE_CONFIG_KEY(train.ddp_bucket_mb), at_least(0), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.ddp_bucket_mb), between(0, kMaxBucketMib), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.zero_stage), between(0, 1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.phase_timing), {}, {}, Hashed::no},
       {POPE_CONFIG_KEY(train.device), any(), {"auto", "cpu", "cuda"}, Hashed::no},
-      {POPE_CONFIG_KEY(train.threads), at_least(0), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.threads), between(0, kMaxThreads), {}, Hashed::no},
       // Either impl computes the same attention up to rounding (like train.deterministic), so a
       // resume may switch it.
       {POPE_CONFIG_KEY(attention.impl), any(), {"fused", "cudnn"}, Hashed::no},

@@ -63,6 +63,11 @@ std::string describe(const nlohmann::json& value);
 // Throws ConfigError(path, message), naming `source` (a file name) when it is known.
 [[noreturn]] void fail(const std::string& path, const std::string& message, const std::string& source);
 
+// count_parameters of the model without laying out every layer, in double: defined for any
+// sizes within the per-key bounds, whose products may exceed what the model could hold.
+// Expects a model that passes the shape and position rules (it builds the position encoding).
+double parameter_count(const ModelConfig& model);
+
 // validate() with the source named in every message.
 void check_config(const RunConfig& config, const std::string& source);
 

@@ -10,7 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config_schema.hpp"
 #include "pope/config.hpp"
+#include "pope/model.hpp"
+#include "pope/position.hpp"
 
 using namespace pope;
 using nlohmann::json;
@@ -187,7 +190,8 @@ TEST(Config, WrongTypesNameThePathAndTheExpectedType) {
 }
 
 TEST(Config, OutOfRangeValuesAreRejected) {
-  expect_json_error({{"model", {{"n_head", 0}}}}, "model.n_head", {"expected an integer >= 1, found 0", "test.json"});
+  expect_json_error({{"model", {{"n_head", 0}}}}, "model.n_head",
+                    {"expected an integer in [1, 65536], found 0", "test.json"});
   expect_invalid([](RunConfig& c) { c.optim.beta2 = 1.0; }, "optim.beta2", {"in [0, 1)", "found 1"});
   expect_invalid([](RunConfig& c) { c.model.position.rope.fraction = 0.0; }, "model.position.rope.fraction",
                  {"in (0, 1]"});
@@ -197,7 +201,103 @@ TEST(Config, OutOfRangeValuesAreRejected) {
                  "model.position.rope.scaling.factor", {">= 1"});
   expect_invalid([](RunConfig& c) { c.train.keep_checkpoints = 0; }, "train.keep_checkpoints", {">= 1"});
   expect_invalid([](RunConfig& c) { c.train.zero_stage = 2; }, "train.zero_stage", {"found 2"});
-  expect_invalid([](RunConfig& c) { c.train.ddp_bucket_mb = -1; }, "train.ddp_bucket_mb", {">= 0"});
+  expect_invalid([](RunConfig& c) { c.train.ddp_bucket_mb = -1; }, "train.ddp_bucket_mb", {"in [0, 1048576]"});
+}
+
+// Without upper bounds, 2^31 − 1 layers hung a dry run, a width of 2^30 wrapped the parameter
+// count, 100,000 threads crashed libgomp and a window of 2^31 − 1 tokens overflowed at run time.
+TEST(Config, SizeKeysHaveUpperBounds) {
+  struct Bound {
+    std::string section, key;
+    long max;
+  };
+  for (const Bound& bound : std::vector<Bound>{{"model", "vocab_size", 1L << 24},
+                                               {"model", "padded_vocab_size", 1L << 24},
+                                               {"model", "n_layer", 1024},
+                                               {"model", "n_head", 65536},
+                                               {"model", "n_embd", 65536},
+                                               {"model", "context_length", 1L << 20},
+                                               {"train", "batch_size", 1L << 20},
+                                               {"train", "micro_batch_size", 1L << 20},
+                                               {"train", "seq_len", 1L << 20},
+                                               {"train", "threads", 1024}}) {
+    const std::string path = bound.section + "." + bound.key;
+    SCOPED_TRACE(path);
+    const std::string range_end = ", " + std::to_string(bound.max) + "], found ";
+    expect_json_error({{bound.section, {{bound.key, bound.max + 1}}}}, path,
+                      {range_end + std::to_string(bound.max + 1), "test.json"});
+    expect_json_error({{bound.section, {{bound.key, 2147483647}}}}, path, {range_end + "2147483647"});
+  }
+  expect_invalid([](RunConfig& c) { c.train.ddp_bucket_mb = 1e300; }, "train.ddp_bucket_mb", {"in [0, 1048576]"});
+  // The limits themselves are allowed (0 threads: all cores).
+  for (int threads : {0, 1024}) {
+    EXPECT_EQ(config_from_json({{"train", {{"threads", threads}}}}).train.threads, threads);
+  }
+  EXPECT_EQ(config_from_json({{"model", {{"n_layer", 1024}}}}).model.n_layer, 1024);
+  EXPECT_EQ(config_from_json({{"train", {{"ddp_bucket_mb", 1048576}}}}).train.ddp_bucket_mb, 1048576.0);
+  const RunConfig long_window =
+      config_from_json({{"train", {{"seq_len", 1 << 20}, {"batch_size", 1}, {"micro_batch_size", 1}}}});
+  EXPECT_EQ(long_window.train.seq_len, 1 << 20);
+}
+
+// Sizes that are each in range can still multiply past what the trainer counts in: the
+// parameter count (about 5·10^13 at the largest widths and depths) and a step's tokens.
+TEST(Config, ParameterCountAndTokensPerStepAreBounded) {
+  const auto wide = [](RunConfig& c, int n_layer) {
+    c.model.n_embd = 65536;
+    c.model.n_head = 1024;
+    c.model.n_layer = n_layer;
+  };
+  // 12·65536² ≈ 5.2·10^10 per layer: 21 layers fit under 2^40, 22 do not.
+  RunConfig fits;
+  wide(fits, 21);
+  EXPECT_NO_THROW(validate(fits));
+  expect_invalid([&](RunConfig& c) { wide(c, 22); }, "model.n_embd",
+                 {"at most 2^40 = 1099511627776 parameters", "model.n_layer (22)", "model.n_embd (65536)",
+                  "model.vocab_size (50257)"});
+  expect_invalid([&](RunConfig& c) { wide(c, 1024); }, "model.n_embd", {"found 52780053168128"});
+  // The embedding alone: 2^24 rows × 2^16 = 2^40, plus the layer.
+  expect_invalid(
+      [&](RunConfig& c) {
+        wide(c, 1);
+        c.model.vocab_size = c.model.padded_vocab_size = 1 << 24;
+      },
+      "model.n_embd", {"model.vocab_size (16777216)"});
+
+  const auto tokens = [](RunConfig& c, int batch) {
+    c.train.seq_len = 1 << 20;
+    c.train.batch_size = c.train.micro_batch_size = batch;
+  };
+  RunConfig most_tokens;
+  tokens(most_tokens, 2047);
+  EXPECT_NO_THROW(validate(most_tokens));
+  expect_invalid([&](RunConfig& c) { tokens(c, 2048); }, "train.seq_len",
+                 {"train.batch_size (2048) × train.seq_len (1048576)", "at most 2^31 − 1 = 2147483647",
+                  "found 2147483648"});
+}
+
+// The bound is checked on config_schema::parameter_count, which must be count_parameters
+// without laying out every layer.
+TEST(Config, ValidationCountsParametersLikeCountParameters) {
+  std::vector<RunConfig> configs;
+  for (const char* name : {"owt_124m", "owt_774m", "small_cpu", "indirect_indexing_alibi_half"}) {
+    configs.push_back(load_config(shipped(name)));
+  }
+  for (const char* kind : {"nope", "rope", "alibi", "pj_rotary", "full", "rope_affine"}) {
+    RunConfig config;
+    config.model.position.kind = kind;
+    configs.push_back(config);
+  }
+  RunConfig no_delta;
+  no_delta.model.position.pope.learn_delta = false;
+  configs.push_back(no_delta);
+  for (const RunConfig& config : configs) {
+    const ModelConfig& model = config.model;
+    SCOPED_TRACE(model.position.kind + ", " + std::to_string(model.n_layer) + " layers");
+    const auto position = make_position_encoding(model);
+    const std::int64_t expected = count_parameters(model, build_parameter_layout(model, *position));
+    EXPECT_EQ(config_schema::parameter_count(model), double(expected));
+  }
 }
 
 TEST(Config, CrossFieldRules) {
@@ -317,6 +417,9 @@ TEST(Config, BadOverridesAreRejected) {
   // The type is checked when the JSON is parsed.
   apply_override(config, "model.n_head=abc");
   expect_json_error(config, "model.n_head", {"expected an integer", "\"abc\" (a string)"});
+  // A number beyond a double is said to be one, not read as the string "1e400".
+  expect_config_error([&] { apply_override(config, "optim.lr=1e400"); }, "optim.lr",
+                      {"1e400 is outside the range of a double"});
 }
 
 TEST(Config, LoadConfigAppliesOverridesAndReportsFileErrors) {
