@@ -24,6 +24,8 @@
 
 namespace pope {
 
+class RunLock;  // src/core/run_lock.hpp
+
 // Too many consecutive non-finite steps; the last good checkpoint is left as it was.
 class TrainingAborted : public std::runtime_error {
  public:
@@ -103,6 +105,7 @@ class Trainer {
   RunConfig config_;
   TrainerOptions options_;
   std::filesystem::path run_dir_;
+  std::unique_ptr<RunLock> run_lock_;  // rank 0's claim on run_dir_, released last
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Communicator> communicator_;  // after backend_: destroyed before it
   std::unique_ptr<Model> model_;

@@ -56,6 +56,47 @@ void write_and_sync(const std::filesystem::path& temp_path, int fd, std::span<co
   if (::fsync(fd) != 0) throw AtomicWriteError(fmt::format("cannot fsync {}: {}", temp_path, errno_text()));
 }
 
+// What a non-regular file is, for the message refusing to replace it.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// The path whose file the write replaces: `path` with every symlink followed (a relative
+// link target counts from the link's directory), so that the rename updates the link's
+// target instead of turning the link into a plain file. A missing file (also at the end of
+// a dangling link) is created, as open(O_CREAT) would; anything but a regular file is refused,
+// since renaming over it would replace a device node or FIFO with a file, or fail on a
+// directory only after all the data was written.
+std::filesystem::path write_target(const std::filesystem::path& path) {
+  constexpr int kMaxLinks = 40;  // Linux's limit for one path lookup (ELOOP beyond it)
+  std::filesystem::path target = path;
+  for (int links = 0;; ++links) {
+    struct stat info {};
+    if (::lstat(target.c_str(), &info) != 0) {
+      if (errno == ENOENT) return target;
+      throw AtomicWriteError(fmt::format("cannot inspect {}: {}", target, errno_text()));
+    }
+    if (S_ISREG(info.st_mode)) return target;
+    if (!S_ISLNK(info.st_mode)) {
+      const std::string what = target == path ? fmt::format("{} is", path)
+                                              : fmt::format("{} resolves to {}, which is", path, target);
+      throw AtomicWriteError(fmt::format("{} {}, not a regular file; expected a file path to write", what,
+                                         file_kind(info.st_mode)));
+    }
+    if (links == kMaxLinks)
+      throw AtomicWriteError(fmt::format("cannot write {}: more than {} symbolic links to follow", path, kMaxLinks));
+    std::error_code ec;
+    const std::filesystem::path link = std::filesystem::read_symlink(target, ec);
+    if (ec) throw AtomicWriteError(fmt::format("cannot read the symbolic link {}: {}", target, ec.message()));
+    target = link.is_absolute() ? link : target.parent_path() / link;
+  }
+}
+
 }  // namespace
 
 void fsync_directory(const std::filesystem::path& directory) {
@@ -65,8 +106,10 @@ void fsync_directory(const std::filesystem::path& directory) {
   if (::fsync(fd.get()) != 0) throw AtomicWriteError(fmt::format("cannot fsync directory {}: {}", dir, errno_text()));
 }
 
-void write_bytes_atomic(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces) {
-  if (path.filename().empty()) throw AtomicWriteError(fmt::format("cannot write {}: not a file name", path));
+void write_bytes_atomic(const std::filesystem::path& requested_path,
+                        std::span<const std::span<const std::byte>> pieces) {
+  const std::filesystem::path path = write_target(requested_path);
+  if (path.filename().empty()) throw AtomicWriteError(fmt::format("cannot write {}: not a file name", requested_path));
   // mkstemp gives a name no concurrent writer uses; the leading dot and the suffix keep
   // it out of directory scans and glob patterns such as "train_*.bin".
   std::string temp_name = (path.parent_path() / fmt::format(".{}.XXXXXX", path.filename().string())).string();

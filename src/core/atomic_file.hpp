@@ -21,6 +21,9 @@ class AtomicWriteError : public std::runtime_error {
 // Writes the concatenation of `pieces` to `path`: a temporary file in the same directory
 // (so the rename cannot cross file systems), full writes, fsync, rename over `path`, then
 // fsync of the directory. The temporary file is removed on failure. Throws AtomicWriteError.
+// A rename replaces whatever `path` names, so the write goes where a plain open() would: a
+// symlink is followed and the file it resolves to is replaced (the link stays a link), and
+// an existing non-regular file (directory, device, FIFO, socket) is refused untouched.
 void write_bytes_atomic(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces);
 
 // Makes a completed rename or removal inside `directory` durable. Throws AtomicWriteError.

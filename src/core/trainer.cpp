@@ -14,6 +14,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/run_lock.hpp"
 #include "pope/distributed.hpp"
 #include "pope/train_step.hpp"
 
@@ -61,7 +62,22 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   run_dir_ = options_.run_dir;
   if (run_dir_.empty()) throw std::invalid_argument("Trainer needs a run directory");
 
-  // Decide what to resume from before touching the run directory.
+  // Rank 0 owns the run directory and claims it before anything else, the resume decision
+  // included: a second process on it would delete this one's checkpoint in progress as a
+  // leftover and interleave its metrics.jsonl.
+  if (is_root()) {
+    std::error_code ec;
+    std::filesystem::create_directories(run_dir_, ec);
+    if (ec)
+      throw ConfigError("--out", fmt::format("cannot create the run directory {}: {}", run_dir_.string(), ec.message()));
+    try {
+      run_lock_ = std::make_unique<RunLock>(run_dir_);
+    } catch (const RunLockError& error) {
+      throw ConfigError("--out", error.what());
+    }
+  }
+
+  // Decide what to resume from before writing anything in the run directory.
   std::optional<std::filesystem::path> resume_from;
   if (options_.resume == "auto") {
     resume_from = latest_checkpoint(run_dir_);
@@ -73,15 +89,11 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
                                            run_dir_.string(), existing->filename().string()));
   }
 
-  // Rank 0 owns the run directory; the other ranks print warnings and errors only, tagged
-  // with their rank.
+  // Rank 0 writes the run log; the other ranks print warnings and errors only, tagged with
+  // their rank.
   auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   std::shared_ptr<spdlog::logger> logger;
   if (is_root()) {
-    std::error_code ec;
-    std::filesystem::create_directories(run_dir_, ec);
-    if (ec)
-      throw ConfigError("--out", fmt::format("cannot create the run directory {}: {}", run_dir_.string(), ec.message()));
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>((run_dir_ / "train.log").string());
     logger = std::make_shared<spdlog::logger>("pope-train", spdlog::sinks_init_list{console, file});
     if (options_.quiet) console->set_level(spdlog::level::warn);
@@ -94,7 +106,9 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
                           : std::string("[%Y-%m-%d %H:%M:%S] %^%l%$ %v"));
   logger_ = logger;
   // The default logger too: an error that ends the run, logged by pope-train's main after the
-  // trainer is gone, then reaches train.log as well as the console.
+  // trainer is gone, then reaches train.log as well as the console. Every line is flushed, the
+  // file sink outliving the trainer.
+  logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(logger);
 
   if (task) {
@@ -185,7 +199,7 @@ void Trainer::restore(const std::filesystem::path& checkpoint) {
                                                                       state_.config_hash)));
   if (data.adam_m.empty())
     throw CheckpointError(fmt::format("{} holds weights only (no optimizer.safetensors), so the run cannot be "
-                                      "continued exactly",
+                                      "continued exactly; start a new run from its weights with --init-from",
                                       checkpoint.string()));
   model_->parameters_from_host(data.params);
   optimizer_->moments_from_host(data.adam_m, data.adam_v);

@@ -484,23 +484,24 @@ TEST(WriteFileAtomic, WritesThroughASymlinkAndKeepsIt) {
 // exists and is not a regular file is refused, named, and left as it was.
 TEST(WriteFileAtomic, RefusesToReplaceWhatIsNotARegularFile) {
   ScratchDir dir;
+  const auto quoted = [](const std::filesystem::path& path) { return "\"" + path.string() + "\""; };
   const auto fifo = dir / "pipe";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
   auto message = thrown_message<CheckpointError>([&] { write_file_atomic(fifo, "x\n"); });
-  EXPECT_NE(message.find(fifo.string() + " is a FIFO (named pipe), not a regular file; expected a file path to write"),
+  EXPECT_NE(message.find(quoted(fifo) + " is a FIFO (named pipe), not a regular file; expected a file path to write"),
             std::string::npos)
       << message;
   EXPECT_EQ(std::filesystem::status(fifo).type(), std::filesystem::file_type::fifo);
 
   std::filesystem::create_directory(dir / "out");
   message = thrown_message<CheckpointError>([&] { write_file_atomic(dir / "out", "x\n"); });
-  EXPECT_NE(message.find((dir / "out").string() + " is a directory, not a regular file"), std::string::npos) << message;
+  EXPECT_NE(message.find(quoted(dir / "out") + " is a directory, not a regular file"), std::string::npos) << message;
   EXPECT_TRUE(std::filesystem::is_directory(dir / "out"));
 
   // Through a link, the message names both the link and what it resolves to.
   std::filesystem::create_symlink(fifo, dir / "link");
   message = thrown_message<CheckpointError>([&] { write_file_atomic(dir / "link", "x\n"); });
-  EXPECT_NE(message.find((dir / "link").string() + " resolves to " + fifo.string() + ", which is a FIFO"),
+  EXPECT_NE(message.find(quoted(dir / "link") + " resolves to " + quoted(fifo) + ", which is a FIFO"),
             std::string::npos)
       << message;
   EXPECT_EQ(std::filesystem::status(fifo).type(), std::filesystem::file_type::fifo);

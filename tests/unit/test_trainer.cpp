@@ -78,15 +78,17 @@ TEST_F(TrainerTest, NonFiniteStepsAreSkippedThenAbortKeepingTheLastGoodCheckpoin
     Trainer good(config_, options("run", "", 4));
     good.train();
   }
-  Trainer trainer(config_, options("run", "auto"));
-  float* params = trainer.model().parameters().as<float>();
-  params[trainer.model().layout().offset(trainer.model().layout().index_of("final_norm.weight"))] =
-      std::numeric_limits<float>::quiet_NaN();
-  try {
-    trainer.train();
-    FAIL() << "expected TrainingAborted";
-  } catch (const TrainingAborted& e) {
-    EXPECT_NE(std::string(e.what()).find("3 consecutive"), std::string::npos) << e.what();
+  {  // destroyed before `again`: a Trainer holds its run directory's lock while it exists
+    Trainer trainer(config_, options("run", "auto"));
+    float* params = trainer.model().parameters().as<float>();
+    params[trainer.model().layout().offset(trainer.model().layout().index_of("final_norm.weight"))] =
+        std::numeric_limits<float>::quiet_NaN();
+    try {
+      trainer.train();
+      FAIL() << "expected TrainingAborted";
+    } catch (const TrainingAborted& e) {
+      EXPECT_NE(std::string(e.what()).find("3 consecutive"), std::string::npos) << e.what();
+    }
   }
   const auto latest = latest_checkpoint(dir_ / "run");
   ASSERT_TRUE(latest.has_value());
@@ -214,11 +216,13 @@ TEST_F(TrainerTest, InitFromLoadsWeightsOnlyAndChecksShapes) {
   longer.train.steps = 3;
   TrainerOptions fine = options("fine");
   fine.init_from = dir_ / "base";
-  Trainer trainer(longer, fine);
-  EXPECT_EQ(trainer.step(), 0);
-  const CheckpointData base = load_checkpoint(dir_ / "base", trainer.model().layout());
-  EXPECT_EQ(trainer.model().parameters_to_host(), base.params);
-  EXPECT_EQ(trainer.train().steps_done, 3);  // its own schedule, from step 0
+  {  // destroyed before `resumed`: a Trainer holds its run directory's lock while it exists
+    Trainer trainer(longer, fine);
+    EXPECT_EQ(trainer.step(), 0);
+    const CheckpointData base = load_checkpoint(dir_ / "base", trainer.model().layout());
+    EXPECT_EQ(trainer.model().parameters_to_host(), base.params);
+    EXPECT_EQ(trainer.train().steps_done, 3);  // its own schedule, from step 0
+  }
 
   // A model of another shape is refused, naming the tensor and both shapes.
   RunConfig wider = config_;
