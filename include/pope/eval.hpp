@@ -63,8 +63,12 @@ std::string describe_position(const PositionConfig& position);
 
 // ---- perplexity versus length ------------------------------------------------------
 
+// The most lengths one --lengths value may give.
+inline constexpr int kMaxEvalLengths = 1024;
+
 // "1024:10240:1024" (first:last:step, inclusive), "512,1024,4096" or one number. Every
-// length ≥ 1, strictly increasing. Throws ConfigError naming "--lengths".
+// length ≥ 1, strictly increasing, at most kMaxEvalLengths of them. Throws ConfigError
+// naming "--lengths".
 std::vector<int> parse_lengths(const std::string& spec);
 
 struct LengthSweepOptions {

@@ -36,6 +36,15 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
+// Each length is a pass over all the data, so more than kMaxEvalLengths of them is a typo (a
+// step of 1 for 1024), not a sweep anyone waits for.
+void check_length_count(const std::string& spec, std::int64_t count) {
+  if (count > kMaxEvalLengths)
+    throw ConfigError("--lengths", fmt::format("'{}' gives {} lengths; at most {} are allowed (raise STEP or list "
+                                               "fewer lengths)",
+                                               spec, count, kMaxEvalLengths));
+}
+
 double ratio(double numerator, double denominator) {
   return denominator > 0 ? numerator / denominator : std::numeric_limits<double>::quiet_NaN();
 }
@@ -51,9 +60,13 @@ std::vector<int> parse_lengths(const std::string& spec) {
     const int first = parse_length(parts[0], spec), last = parse_length(parts[1], spec),
               step = parse_length(parts[2], spec);
     if (last < first) throw ConfigError("--lengths", fmt::format("'{}': LAST {} is below FIRST {}", spec, last, first));
+    // Counted before expanding: 1:2147483647:1 would otherwise fill gigabytes of lengths.
+    check_length_count(spec, (std::int64_t(last) - first) / step + 1);
     for (long length = first; length <= last; length += step) lengths.push_back(int(length));
   } else {
-    for (const auto& part : split(spec, ',')) lengths.push_back(parse_length(part, spec));
+    const auto parts = split(spec, ',');
+    check_length_count(spec, std::int64_t(parts.size()));
+    for (const auto& part : parts) lengths.push_back(parse_length(part, spec));
   }
   for (std::size_t i = 1; i < lengths.size(); ++i)
     if (lengths[i] <= lengths[i - 1])

@@ -46,14 +46,22 @@ std::string read_text_file(const std::string& path) {
   return std::move(buffer).str();
 }
 
-// "15496, 995" or "[15496,995]" → ids; anything else is a usage error.
-std::vector<std::uint16_t> parse_id_list(std::string text) {
-  for (char& c : text)
-    if (c == ',' || c == '[' || c == ']') c = ' ';
+// "15496, 995" or "[15496,995]" → `ids`. Returns why the text is not such a list, or "" (the
+// contract of a CLI11 validator, which --ids runs it as, so that a bad list is a usage error
+// found before the tokenizer files are read).
+std::string parse_id_list(std::string text, std::vector<std::uint16_t>& ids) {
+  ids.clear();
+  const std::string expected = " (expected token ids 0.." + std::to_string(kGpt2VocabSize - 1) +
+                               " separated by commas, e.g. 15496,995)";
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') text = text.substr(1, text.size() - 2);
+  // getline drops a trailing empty element ("1,"), which must be refused like an inner one.
+  if (!text.empty() && text.back() == ',') return "'" + text + "' ends with an empty element" + expected;
   std::istringstream in(text);
-  std::vector<std::uint16_t> ids;
-  std::string word;
-  while (in >> word) {
+  std::string element;
+  while (std::getline(in, element, ',')) {
+    const auto first = element.find_first_not_of(" \t");
+    if (first == std::string::npos) return "'" + text + "' has an empty element" + expected;
+    const std::string word = element.substr(first, element.find_last_not_of(" \t") + 1 - first);
     std::size_t used = 0;
     unsigned long id = 0;
     try {
@@ -61,11 +69,14 @@ std::vector<std::uint16_t> parse_id_list(std::string text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != word.size() || id >= static_cast<unsigned long>(kGpt2VocabSize))
-      throw CLI::ValidationError("--ids", "'" + word + "' is not a token id (0.." + std::to_string(kGpt2VocabSize - 1) + ")");
+    // stoul takes a sign ("-1" as 2^64 − 1, "+5" as 5); an id is digits only.
+    if (used != word.size() || word.find_first_not_of("0123456789") != std::string::npos ||
+        id >= static_cast<unsigned long>(kGpt2VocabSize))
+      return "'" + word + "' is not a token id" + expected;
     ids.push_back(static_cast<std::uint16_t>(id));
   }
-  return ids;
+  if (ids.empty()) return "no ids in '" + text + "'" + expected;
+  return {};
 }
 
 // A token's bytes for display: printable ASCII as is, other bytes escaped.
@@ -107,7 +118,9 @@ int main(int argc, char** argv) {
   tokenize->add_option("--val-fraction", options.val_fraction, "share of documents for val.bin")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
-  tokenize->add_option("--seed", options.seed, "seed of the document-level split")->capture_default_str();
+  tokenize->add_option("--seed", options.seed, "seed of the document-level split")
+      ->capture_default_str()
+      ->check(pope::tools::kNonNegative);
   tokenize->add_option("--shard-tokens", options.shard_tokens,
                        "tokens per llm.c shard ({train,val}_NNNNNN.bin); 0: one train.bin and one val.bin")
       ->capture_default_str()
@@ -115,9 +128,10 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--per-document", options.per_document,
                      "one token file per document, named after its file, no split (e.g. evaluation books)");
   tokenize->add_option("--text-field", options.read.text_field, "JSONL field holding the text")->capture_default_str();
-  tokenize->add_option("-j,--threads", options.threads, "threads (0: every core)")
+  tokenize->add_option("-j,--threads", options.threads,
+                       "threads (at most " + std::to_string(pope::tools::kMaxThreads) + "; 0: every core)")
       ->capture_default_str()
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::kThreads);
   tokenize->add_flag("--overwrite", options.overwrite, "replace token files already in the output directory");
   tokenize->add_flag("-q,--quiet", quiet, "no progress bar and no summary");
 
@@ -125,15 +139,21 @@ int main(int argc, char** argv) {
   std::string inspect_file;
   std::size_t inspect_count = 32;
   inspect->add_option("file", inspect_file, "llm.c or nanoGPT token file")->required()->check(CLI::ExistingFile);
-  inspect->add_option("-n,--count", inspect_count, "tokens to show")->capture_default_str();
+  inspect->add_option("-n,--count", inspect_count, "tokens to show")
+      ->capture_default_str()
+      ->check(pope::tools::kNonNegative);
 
   auto* decode = app.add_subcommand("decode", "write the text of a token file (or of --ids) to stdout");
-  std::string decode_file, decode_ids;
+  std::string decode_file;
+  std::vector<std::uint16_t> decode_id_values;
   std::size_t decode_start = 0, decode_count = SIZE_MAX;
   decode->add_option("file", decode_file, "llm.c or nanoGPT token file")->check(CLI::ExistingFile);
-  decode->add_option("--ids", decode_ids, "ids to decode instead, e.g. 15496,995");
-  decode->add_option("--start", decode_start, "first token")->capture_default_str();
-  decode->add_option("-n,--count", decode_count, "number of tokens (default: all)");
+  auto* ids_option =
+      decode->add_option("--ids", "ids to decode instead, e.g. 15496,995")
+          ->type_name("ID,ID,...")
+          ->check(CLI::Validator([&](std::string& text) { return parse_id_list(text, decode_id_values); }, ""));
+  decode->add_option("--start", decode_start, "first token")->capture_default_str()->check(pope::tools::kNonNegative);
+  decode->add_option("-n,--count", decode_count, "number of tokens (default: all)")->check(pope::tools::kNonNegative);
 
   auto* encode = app.add_subcommand("encode", "print the GPT-2 ids of a text as a JSON array");
   std::string encode_text, encode_file;
@@ -146,11 +166,26 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-    if (*decode && decode_file.empty() == decode_ids.empty())
+    if (*decode && decode_file.empty() == (ids_option->count() == 0))
       throw CLI::ValidationError("decode", "give exactly one of FILE and --ids");
     if (*encode && encode_file.empty() && text_option->count() == 0)
       throw CLI::ValidationError("encode", "give TEXT or --file");
   } catch (const CLI::ParseError& e) {
+    // A first word that is no subcommand (or no option of pope-data itself) is left unparsed, and
+    // CLI11 says only "A subcommand is required", not which word it did not know.
+    const std::vector<std::string> unknown = app.remaining();
+    if (app.get_subcommands().empty() && !unknown.empty()) {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      const bool option = unknown.front().rfind('-', 0) == 0;
+      app.exit(CLI::ValidationError("pope-data", "'" + unknown.front() + "' is not " +
+                                                     (option ? "an option before the subcommand (expected "
+                                                               "--tokenizer-dir, then one of "
+                                                             : "a subcommand (expected one of ") +
+                                                     names + ")"));
+      return kExitUsage;
+    }
     const int rc = app.exit(e);
     return rc == 0 ? 0 : kExitUsage;
   }
@@ -178,12 +213,10 @@ int main(int argc, char** argv) {
       const auto head = tokens.first(std::min(inspect_count, tokens.size()));
       std::printf("  text: \"%s\"\n", printable(tokenizer.decode(head)).c_str());
     } else if (*decode) {
-      std::vector<std::uint16_t> ids;
       std::span<const std::uint16_t> selected;
       std::optional<TokenFile> file;
-      if (!decode_ids.empty()) {
-        ids = parse_id_list(decode_ids);
-        selected = ids;
+      if (*ids_option) {
+        selected = decode_id_values;
       } else {
         file = TokenFile::open(decode_file, kGpt2VocabSize);
         selected = file->tokens();

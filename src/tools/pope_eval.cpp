@@ -47,6 +47,20 @@ void check_csv_field(const std::string& text, const std::string& what) {
                                               text));
 }
 
+// The scaling flags reach the config as model.position.rope.scaling.* overrides; a combination
+// refused there (--yarn-alpha above the checkpoint's yarn_beta) would otherwise blame only the
+// run's config.json.
+pope::EvalCheckpoint open_checkpoint(const Options& o, const std::string& path) {
+  try {
+    return pope::open_eval_checkpoint(path, o.overrides, o.rope);
+  } catch (const pope::ConfigError& e) {
+    if (!o.rope.any() || e.path().rfind("model.position.rope.scaling.", 0) != 0) throw;
+    throw pope::ConfigError("--rope-scaling", fmt::format("{}; --rope-scaling, --rope-factor and --yarn-* override "
+                                                          "these keys",
+                                                          e.what()));
+  }
+}
+
 void print_progress(const pope::LengthResult& r, void* context) {
   const auto* label = static_cast<const std::string*>(context);
   if (r.windows == 0) {
@@ -83,7 +97,7 @@ int run_length_sweep(const Options& o) {
   std::vector<pope::EvalCheckpoint> checkpoints;
   int vocab_size = std::numeric_limits<int>::max();
   for (std::size_t i = 0; i < o.checkpoints.size(); ++i) {
-    auto checkpoint = pope::open_eval_checkpoint(o.checkpoints[i], o.overrides, o.rope);
+    auto checkpoint = open_checkpoint(o, o.checkpoints[i]);
     if (!o.labels.empty()) checkpoint.label = o.labels[i];
     else if (o.rope.any()) checkpoint.label += " " + pope::describe_position(checkpoint.config.model.position);
     check_csv_field(checkpoint.label, "--label");
@@ -144,7 +158,7 @@ LoadedCheckpoint load_single_checkpoint(const Options& o, const char* mode) {
     throw pope::ConfigError("--checkpoint", fmt::format("{} takes exactly one checkpoint, got {}", mode,
                                                         o.checkpoints.size()));
   LoadedCheckpoint loaded;
-  loaded.checkpoint = pope::open_eval_checkpoint(o.checkpoints.front(), o.overrides, o.rope);
+  loaded.checkpoint = open_checkpoint(o, o.checkpoints.front());
   loaded.backend = pope::make_backend(o.device, "float", o.threads);
   loaded.model = pope::load_eval_model(loaded.checkpoint, *loaded.backend);
   return loaded;
@@ -231,7 +245,8 @@ int main(int argc, char** argv) {
   app.add_option("--label", o.labels, "curve name per --checkpoint, in order (default: the run directory's name)");
   app.add_option("--data", o.data, "token file (llm.c or nanoGPT .bin), directory of them (one file = one book) or "
                                    "glob");
-  app.add_option("--lengths", o.lengths, "FIRST:LAST:STEP (inclusive), a comma-separated list or one length");
+  app.add_option("--lengths", o.lengths, "FIRST:LAST:STEP (inclusive), a comma-separated list or one length; at "
+                                         "most " + std::to_string(pope::kMaxEvalLengths) + " lengths");
   app.add_option("--tail", o.sweep.tail, "also report the perplexity of the last N positions of each window")
       ->default_val(1024)
       ->check(pope::tools::kPositive);
@@ -243,23 +258,32 @@ int main(int argc, char** argv) {
   app.add_option("--max-windows", o.sweep.max_windows, "evaluate N windows per length spread evenly over the data "
                                                        "(the trainer's validation choice with N = eval_batches × "
                                                        "micro_batch_size); 0: all windows")
-      ->default_val(0);
+      ->default_val(0)
+      ->check(pope::tools::kNonNegative);
   // Unset flags keep the checkpoint's values: each is read into a plain value and copied into
-  // the optional override only when it was given.
+  // the optional override only when it was given. The values are checked here, with the
+  // bounds of their config keys, so that a refusal names the flag and not the run's config.
   std::string rope_kind;
   double rope_factor = 0, yarn_alpha = 0, yarn_beta = 0, yarn_temperature = 0;
   auto* rope_kind_flag =
       app.add_option("--rope-scaling", rope_kind, "override the checkpoint's RoPE scaling (rope checkpoints only)")
           ->check(CLI::IsMember({"none", "pi", "ntk", "dynamic-ntk", "dynamic_ntk", "yarn"}));
-  auto* rope_factor_flag = app.add_option("--rope-factor", rope_factor, "scaling factor s for pi, ntk and yarn (e.g. 4)");
-  auto* yarn_alpha_flag = app.add_option("--yarn-alpha", yarn_alpha, "YaRN ramp start α (default 1)");
-  auto* yarn_beta_flag = app.add_option("--yarn-beta", yarn_beta, "YaRN ramp end β (default 32)");
-  auto* yarn_temperature_flag =
-      app.add_option("--yarn-temperature", yarn_temperature, "YaRN q/k multiplier t (default 0: 0.1·ln s + 1)");
+  auto* rope_factor_flag =
+      app.add_option("--rope-factor", rope_factor, "scaling factor s >= 1 for --rope-scaling pi, ntk and yarn (e.g. 4)")
+          ->check(pope::tools::at_least(1, "FACTOR"));
+  auto* yarn_alpha_flag = app.add_option("--yarn-alpha", yarn_alpha, "--rope-scaling yarn: ramp start α (default 1)")
+                              ->check(pope::tools::kNonNegative);
+  auto* yarn_beta_flag = app.add_option("--yarn-beta", yarn_beta, "--rope-scaling yarn: ramp end β > α (default 32)")
+                             ->check(pope::tools::above(0, "BETA"));
+  auto* yarn_temperature_flag = app.add_option("--yarn-temperature", yarn_temperature,
+                                               "--rope-scaling yarn: q/k multiplier t (default 0: 0.1·ln s + 1)")
+                                    ->check(pope::tools::kNonNegative);
   app.add_option("-s,--set", o.overrides, "override a model.* key of the checkpoints' config, e.g. "
                                           "--set model.context_length=2048 (repeatable)");
   app.add_option("--device", o.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--threads", o.threads, "CPU threads; 0: all cores")->check(pope::tools::kNonNegative);
+  app.add_option("--threads", o.threads, "CPU threads (at most " + std::to_string(pope::tools::kMaxThreads) +
+                                         "); 0: all cores")
+      ->check(pope::tools::kThreads);
   app.add_option("--csv", o.csv, "write one row per checkpoint × length")->check(pope::tools::kOutputFile);
   app.add_option("--json", o.json, "write the results and settings as JSON")->check(pope::tools::kOutputFile);
   app.add_option("--plot", o.plot, "write a PNG of perplexity versus length (needs gnuplot)")
@@ -280,6 +304,22 @@ int main(int argc, char** argv) {
                "writes it");
   try {
     app.parse(argc, argv);
+    // A scaling parameter is only read by the kinds named in its help; given for another kind
+    // (or without --rope-scaling, keeping the checkpoint's kind) it would change nothing.
+    const bool fixed_factor = rope_kind == "pi" || rope_kind == "ntk" || rope_kind == "yarn";
+    if (*rope_factor_flag && !fixed_factor)
+      throw CLI::ValidationError("--rope-factor", rope_kind.empty() ? "needs --rope-scaling pi, ntk or yarn"
+                                                                    : "is not used by --rope-scaling " + rope_kind +
+                                                                          "; it sets the factor of pi, ntk and yarn");
+    for (const auto* yarn_flag : {yarn_alpha_flag, yarn_beta_flag, yarn_temperature_flag})
+      if (*yarn_flag && rope_kind != "yarn")
+        throw CLI::ValidationError(yarn_flag->get_name(), rope_kind.empty()
+                                                              ? "needs --rope-scaling yarn"
+                                                              : "is not used by --rope-scaling " + rope_kind +
+                                                                    "; it sets a parameter of yarn");
+    if (*yarn_alpha_flag && *yarn_beta_flag && !(yarn_beta > yarn_alpha))
+      throw CLI::ValidationError("--yarn-beta", fmt::format("expected more than --yarn-alpha ({}), got {}",
+                                                            yarn_alpha, yarn_beta));
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitConfig;

@@ -43,7 +43,7 @@ expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --len
 expect_output "'pope'"
 expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/rope" --data "$SCRATCH/books" --lengths 32 --rope-scaling pi \
   --rope-factor 0.5
-expect_output "model.position.rope.scaling.factor"
+expect_output "--rope-factor: expected a number >= 1, got 0.5"
 expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 32 --set train.seq_len=64
 expect_output "train.seq_len"
 expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --checkpoint "$SCRATCH/rope" --label one --data "$SCRATCH/books" \

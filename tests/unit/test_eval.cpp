@@ -61,10 +61,27 @@ TEST(EvalLengths, ParsesRangesListsAndSingleLengths) {
   EXPECT_EQ(parse_lengths("256:1000:256"), (std::vector<int>{256, 512, 768}));
   EXPECT_EQ(parse_lengths("64,128,1024"), (std::vector<int>{64, 128, 1024}));
   EXPECT_EQ(parse_lengths("512"), (std::vector<int>{512}));
-  for (const char* bad : {"", "0", "-5", "abc", "1:2", "1:2:3:4", "10:5:1", "5,3", "4,4", "1024:2048:0", "1e3"}) {
+  for (const char* bad : {"", "0", "-5", "abc", "1:2", "1:2:3:4", "10:5:1", "5,3", "4,4", "1024:2048:0", "1e3",
+                          "1024:", ":1024:1", "1,,2", "1,"}) {
     const std::string message = thrown_message<ConfigError>([&] { parse_lengths(bad); });
     EXPECT_NE(message.find("--lengths"), std::string::npos) << bad << ": " << message;
   }
+}
+
+TEST(EvalLengths, RefusesMoreLengthsThanTheBoundBeforeExpandingThem) {
+  EXPECT_EQ(parse_lengths("1:1024:1").size(), std::size_t(kMaxEvalLengths));
+  std::string list = "1";
+  for (int length = 2; length <= kMaxEvalLengths; ++length) list.append(",").append(std::to_string(length));
+  EXPECT_EQ(parse_lengths(list).size(), std::size_t(kMaxEvalLengths));
+  // 16:2147483647:1 (2^31 − 16 lengths) is counted, not expanded: expanding it took gigabytes.
+  const std::vector<std::string> too_many = {"1:1025:1", "16:2147483647:1", "1:1000000:1", list + ",2000"};
+  for (const std::string& bad : too_many) {
+    const std::string message = thrown_message<ConfigError>([&] { parse_lengths(bad); });
+    EXPECT_NE(message.find("--lengths"), std::string::npos) << message;
+    EXPECT_NE(message.find("at most 1024"), std::string::npos) << message;
+  }
+  EXPECT_NE(thrown_message<ConfigError>([] { parse_lengths("16:2147483647:1"); }).find("gives 2147483632 lengths"),
+            std::string::npos);
 }
 
 TEST(EvalLengths, WindowsPerForwardUseTheFewestForwardsSharedEvenly) {
