@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
   app.add_option("-s,--set", o.overrides, "override a model.* key of the checkpoints' config, e.g. "
                                           "--set model.context_length=2048 (repeatable)");
   app.add_option("--device", o.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--threads", o.threads, "CPU threads (at most " + std::to_string(pope::tools::kMaxThreads) +
+  app.add_option("--threads", o.threads, "CPU threads (at most " + std::to_string(pope::kMaxThreads) +
                                          "); 0: all cores")
       ->check(pope::tools::kThreads);
   app.add_option("--csv", o.csv, "write one row per checkpoint × length")->check(pope::tools::kOutputFile);
@@ -317,9 +317,6 @@ int main(int argc, char** argv) {
                                                               ? "needs --rope-scaling yarn"
                                                               : "is not used by --rope-scaling " + rope_kind +
                                                                     "; it sets a parameter of yarn");
-    if (*yarn_alpha_flag && *yarn_beta_flag && !(yarn_beta > yarn_alpha))
-      throw CLI::ValidationError("--yarn-beta", fmt::format("expected more than --yarn-alpha ({}), got {}",
-                                                            yarn_alpha, yarn_beta));
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitConfig;

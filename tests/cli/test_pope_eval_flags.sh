@@ -74,8 +74,8 @@ for value in nan -4; do
 done
 check_value --yarn-beta 0 "expected a number > 0"
 expect_exit 2 "$EVAL" "${ARGS[@]}" --lengths 16 --rope-scaling yarn --yarn-alpha 4 --yarn-beta 3
-expect_output "--yarn-beta: expected more than --yarn-alpha (4), got 3"
-# Against the checkpoint's yarn_beta (32) the config refuses it, and the message names the flags.
+expect_output "--rope-scaling: model.position.rope.scaling.yarn_beta"
+# Against the checkpoint's yarn_beta (32) the config refuses it too, and the message names the flags.
 expect_exit 2 "$EVAL" "${ARGS[@]}" --lengths 16 --rope-scaling yarn --yarn-alpha 40
 expect_output "--rope-scaling: model.position.rope.scaling.yarn_beta"
 expect_output "--yarn-\* override these keys"
