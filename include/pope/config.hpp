@@ -118,6 +118,11 @@ struct OptimConfig {
   double grad_clip = 1.0;           // global norm; 0 disables
 };
 
+// CPU threads at most (train.threads and the tools' --threads): more than any machine's cores
+// only oversubscribe it, and libgomp allocates per-thread state up front, so 100,000 threads
+// crash it and 2^31 − 1 run it out of memory.
+inline constexpr int kMaxThreads = 1024;
+
 struct TrainConfig {
   long steps = 100000;
   int batch_size = 64;             // global batch in sequences = micro × accumulation × ranks
@@ -137,7 +142,7 @@ struct TrainConfig {
   int zero_stage = 0;              // data parallel: 1 shards the optimizer state over the ranks (ZeRO-1)
   bool phase_timing = false;       // log each window's mean device time per step phase (eager steps)
   std::string device = "auto";     // auto | cpu | cuda
-  int threads = 0;                 // CPU threads; 0: all cores
+  int threads = 0;                 // CPU threads; 0: all cores; at most kMaxThreads
 };
 
 struct AttentionConfig {

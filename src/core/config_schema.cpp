@@ -40,9 +40,6 @@ constexpr double kMaxWidth = 65536;        // n_embd, and so n_head (it divides 
 constexpr double kMaxVocab = 1 << 24;      // vocab_size, padded_vocab_size
 constexpr double kMaxLength = 1 << 20;     // context_length, seq_len
 constexpr double kMaxSequences = 1 << 20;  // batch_size, micro_batch_size
-// More OpenMP threads than any machine's cores only oversubscribe it; libgomp allocates
-// per-thread state up front, so 100,000 threads crash it and 2^31 − 1 runs it out of memory.
-constexpr double kMaxThreads = 1024;
 // A bucket larger than any gradient arena is one bucket already; the bound keeps the byte
 // count (MiB × 2^20, converted to int64) from overflowing.
 constexpr double kMaxBucketMib = 1 << 20;
@@ -125,7 +122,7 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(train.zero_stage), between(0, 1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.phase_timing), {}, {}, Hashed::no},
       {POPE_CONFIG_KEY(train.device), any(), {"auto", "cpu", "cuda"}, Hashed::no},
-      {POPE_CONFIG_KEY(train.threads), between(0, kMaxThreads), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.threads), between(0, pope::kMaxThreads), {}, Hashed::no},
       // Either impl computes the same attention up to rounding (like train.deterministic), so a
       // resume may switch it.
       {POPE_CONFIG_KEY(attention.impl), any(), {"fused", "cudnn"}, Hashed::no},

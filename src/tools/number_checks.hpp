@@ -9,6 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "pope/config.hpp"
+
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -16,11 +18,6 @@
 #include <string>
 
 namespace pope::tools {
-
-// CPU threads at most, the bound of the config key train.threads: more threads than any
-// machine's cores only oversubscribe it, and libgomp allocates per-thread state up front, so
-// 100,000 threads crash it.
-inline constexpr int kMaxThreads = 1024;
 
 namespace detail {
 
@@ -74,6 +71,6 @@ inline CLI::Validator in_range(double minimum, double maximum, const std::string
 
 inline const CLI::Validator kPositive = at_least(1, "POSITIVE");
 inline const CLI::Validator kNonNegative = at_least(0, "NONNEGATIVE");
-inline const CLI::Validator kThreads = in_range(0, kMaxThreads, "THREADS");
+inline const CLI::Validator kThreads = in_range(0, pope::kMaxThreads, "THREADS");
 
 }  // namespace pope::tools

@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
                      "one token file per document, named after its file, no split (e.g. evaluation books)");
   tokenize->add_option("--text-field", options.read.text_field, "JSONL field holding the text")->capture_default_str();
   tokenize->add_option("-j,--threads", options.threads,
-                       "threads (at most " + std::to_string(pope::tools::kMaxThreads) + "; 0: every core)")
+                       "threads (at most " + std::to_string(pope::kMaxThreads) + "; 0: every core)")
       ->capture_default_str()
       ->check(pope::tools::kThreads);
   tokenize->add_flag("--overwrite", options.overwrite, "replace token files already in the output directory");
