@@ -19,9 +19,11 @@ class ConfigError : public std::runtime_error {
  public:
   ConfigError(std::string path, const std::string& message);
   const std::string& path() const { return path_; }
+  const std::string& message() const { return message_; }  // without the path
 
  private:
   std::string path_;
+  std::string message_;
 };
 
 struct RopeScalingConfig {
@@ -62,9 +64,7 @@ struct PjConfig {
 };
 
 struct PositionConfig {
-  // nope | rope | pope | alibi | none | rope_pi | rope_ntk | rope_yarn | rope_ntk_affine |
-  // rope_yarn_affine | pj_rotary | affine | fj_affine | fj_lc | rope_affine | full | lc_affine |
-  // pjrope (= full); see core/position_methods.hpp
+  // A method of the registry (core/position_methods.hpp; configs/README.md lists them).
   std::string kind = "pope";
   RopeConfig rope;
   PopeConfig pope;

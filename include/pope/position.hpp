@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "pope/config.hpp"
+#include "pope/position_plan.hpp"
 #include "pope/tensor.hpp"
 
 namespace pope {
@@ -76,6 +77,17 @@ class PositionEncoding {
   virtual int qk_width(int head_dim) const { return head_dim; }
   virtual bool has_score_bias() const { return false; }
   virtual double softmax_scale(const PositionContext& ctx) const { return 1.0 / std::sqrt(double(ctx.head_dim)); }
+  // False when the encoding is only defined up to the training length (RoPE without a
+  // scaling): training windows and evaluation past it are refused.
+  virtual bool extrapolates() const { return true; }
+
+  // The backend-neutral description of this call's transform and bias (pope/position_plan.hpp),
+  // from which the CUDA backend runs the encoding. Defaults: identity without transforms_qk();
+  // a host-tabulated bias for a parameter-free score_bias. An encoding with a transform or a
+  // learned bias declares its own; the defaults throw for it, naming the encoding.
+  virtual TransformPlan transform_plan(const PositionContext& ctx) const;
+  virtual BiasPlan bias_plan(const PositionContext& ctx) const;
+  EncodingPlan plan(const PositionContext& ctx) const { return {transform_plan(ctx), bias_plan(ctx)}; }
 
   // Parameters of one layer; names are relative ("delta"), the model prefixes
   // "layers.<i>.position.". Every shape starts with n_head and head h only touches row h,
@@ -93,12 +105,6 @@ class PositionEncoding {
   // (b) bias table b_h(Δ) for Δ = 0..T−1 of head `head` into table[T].
   virtual void score_bias(const PositionContext& ctx, int head, ParamValues<float> params, float* table) const;
   virtual void score_bias(const PositionContext& ctx, int head, ParamValues<double> params, double* table) const;
-  // The slope s_h when the bias table is exactly linear in the lag without parameters,
-  // b_h(Δ) = s_h · Δ for every Δ ≥ 0 (ALiBi: s_h = −m_h), else nothing. Backends may then compute
-  // the bias instead of reading the table.
-  virtual std::optional<double> linear_bias_slope(const PositionContext& /*ctx*/, int /*head*/) const {
-    return std::nullopt;
-  }
   // Given diag_grad[Δ] = Σ_batch Σ_{t−s=Δ} dL/dscore(t,s), ACCUMULATES this head's dparams.
   virtual void score_bias_backward(const PositionContext& ctx, int head, ParamValues<float> params,
                                    const float* diag_grad, ParamGrads<float> dparams) const;

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "pope/position_plan.hpp"
+
 namespace pope::kernels {
 
 struct AttentionDims {
@@ -20,7 +22,7 @@ struct AttentionDims {
 };
 
 enum class QkTransformKind : int { identity, rope, pope, pj_rotary };
-enum class PopeMagnitudeKind : int { softplus, identity, relu };
+using PopeMagnitudeKind = ::pope::MagnitudeKind;
 
 // Largest PJ-rotary jet order K (core/position_methods.hpp's kMaxPjOrder; the two must agree).
 constexpr int kPjRotaryMaxOrder = 15;
@@ -39,6 +41,12 @@ struct QkTransformParams {
   // rope: (cos, sin) of p_t · frequency_m for the call's rows t, [seq_len][rotary_pairs]
   // (fill_phase_table), or null: computed per (position, pair).
   const float2* phases = nullptr;
+  // rope, optional (xPos): per pair r_m; queries are scaled by e^{r_m (p − scale_centre)}, keys
+  // by e^{−r_m (p − scale_centre)}. Needs the tables: `phases` then holds the queries' scaled
+  // (cos, sin) and `key_phases` the keys' (fill_phase_table fills both).
+  const double* scale_rates = nullptr;
+  double scale_centre = 0.0;
+  const float2* key_phases = nullptr;
 };
 
 // a_ts = <q̃_t, k̃_s> · scale + bias[h·T + (t − s)] for s ≤ t.

@@ -611,21 +611,23 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
 
 // Row r (0: this lane's row g, 1: g + 8) of a dq̃ or dk̃ accumulator, times `scale` (the f32 row
 // as it would be stored), through encode_qk_backward's per-element math into `row`, a row of
-// dqkv's q or k block, in bf16 (AttentionGradients::qk_backward_fused). The lane holds columns
+// dqkv's q or k block, in bf16 (AttentionGradients::qk_backward_fused). `is_key` picks the
+// keys' phase table where it differs from the queries' (a scaled rotation, xPos). The lane holds columns
 // 8nb + 2·quad + {0, 1} of every 8-column block, so RoPE's pair (c, c + W/2) (every channel
 // rotating) is blocks nb and nb + W/16 of the same lane; t is the row's position in the call.
 template <int kW>
 __device__ void store_qk_gradient_row(const float (&acc)[kW / 8][4], int r, float scale,
-                                      const QkTransformParams& transform, int t, int quad, bf16* row) {
+                                      const QkTransformParams& transform, bool is_key, int t, int quad, bf16* row) {
   constexpr int kHalf = kW / 16;
   if (transform.kind == QkTransformKind::rope) {
+    const float2* phases = is_key && transform.key_phases != nullptr ? transform.key_phases : transform.phases;
 #pragma unroll
     for (int nb = 0; nb < kHalf; ++nb) {
       const int c = nb * 8 + 2 * quad;
       float first[2], second[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float2 phase = transform.phases[std::int64_t(t) * (kW / 2) + c + e];
+        const float2 phase = phases[std::int64_t(t) * (kW / 2) + c + e];
         unrotate_pair(acc[nb][2 * r + e] * scale, acc[nb + kHalf][2 * r + e] * scale, PhaseRotation{phase.x, phase.y},
                       first[e], second[e]);
       }
@@ -1022,7 +1024,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
     if (s >= T) continue;
     bf16* dqkv_row = grads.dqkv + (std::int64_t(head.b) * T + s) * head.row_stride + std::int64_t(head.h) * d;
     if (grads.qk_backward_fused) {
-      store_qk_gradient_row<kW>(dk, r, scale, grads.qk_transform, s, lane.q, dqkv_row + head.channels);
+      store_qk_gradient_row<kW>(dk, r, scale, grads.qk_transform, true, s, lane.q, dqkv_row + head.channels);
     } else {
       store_encoded_gradient_row<kW, kDv>(dk, r, scale, lane, grads.dk, grads.dk_bf16, head.statistic_index(s));
     }
@@ -1202,7 +1204,7 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     const int t = i0 + lane.row(2 * r);
     if (t >= T) continue;
     if (grads.qk_backward_fused) {
-      store_qk_gradient_row<kW>(dq, r, scale, grads.qk_transform, t, lane.q,
+      store_qk_gradient_row<kW>(dq, r, scale, grads.qk_transform, false, t, lane.q,
                                 grads.dqkv + (std::int64_t(head.b) * T + t) * head.row_stride + std::int64_t(head.h) * d);
       continue;
     }
@@ -1302,7 +1304,8 @@ bool flash_attention_fuses_qk_backward(const AttentionDims& dims, const EncodedA
                                        const QkTransformParams& transform, bool deterministic) {
   const bool transform_fits =
       transform.kind == QkTransformKind::identity ||
-      (transform.kind == QkTransformKind::rope && 2 * transform.rotary_pairs == dims.head_dim && transform.phases != nullptr);
+      (transform.kind == QkTransformKind::rope && 2 * transform.rotary_pairs == dims.head_dim && transform.phases != nullptr &&
+       (transform.scale_rates == nullptr || transform.key_phases != nullptr));
   return flash_attention_supports(dims, in) && deterministic && dims.qk_width == dims.head_dim && transform_fits;
 }
 

@@ -120,7 +120,11 @@ __device__ PhaseRotation pope_phase_of(const QkTransformParams& transform, const
                     with_delta ? transform.delta[std::int64_t(site.h) * dims.head_dim + c] : 0.0f);
 }
 
-__device__ PhaseRotation rope_phase_of(const QkTransformParams& transform, const GroupSite& site, int m) {
+__device__ PhaseRotation rope_phase_of(const QkTransformParams& transform, const GroupSite& site, bool is_key, int m) {
+  if (is_key && transform.key_phases != nullptr) {
+    const float2 entry = transform.key_phases[std::int64_t(site.t) * transform.rotary_pairs + m];
+    return PhaseRotation{entry.x, entry.y};
+  }
   if (transform.phases != nullptr) return tabulated_phase(transform, site.t, transform.rotary_pairs, m);
   return rotation_by(site.position * transform.frequencies[m]);
 }
@@ -132,15 +136,25 @@ __host__ __device__ int phase_table_width(const QkTransformParams& transform) {
 }
 
 // Entry (t, m) = rotation_by(p_t · frequency_m) with p_t formed as GroupSite::position is, so
-// that a tabulated phase is bitwise the one an encode kernel computes per site.
-__global__ void phase_table_kernel(int seq_len, int width, int position_offset, const double* frequencies,
-                                   float2* table) {
-  const std::int64_t total = std::int64_t(seq_len) * width;
+// that a tabulated phase is bitwise the one an encode kernel computes per site. With scale
+// rates (xPos) the entries are scaled by e^{±r_m (p_t − centre)}, formed in double: the queries'
+// table (+) in the first seq_len × width entries, the keys' (−) in the next.
+__global__ void phase_table_kernel(int seq_len, int width, QkTransformParams transform, float2* table) {
+  const std::int64_t rows = std::int64_t(seq_len) * width;
+  const std::int64_t total = transform.scale_rates != nullptr ? 2 * rows : rows;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const int t = int(i / width), m = int(i % width);
-    const PhaseRotation r = rotation_by((double(position_offset) + double(t)) * frequencies[m]);
-    table[i] = make_float2(r.cos, r.sin);
+    const bool key = i >= rows;
+    const std::int64_t j = key ? i - rows : i;
+    const int t = int(j / width), m = int(j % width);
+    const double p = double(transform.position_offset) + double(t);
+    const PhaseRotation r = rotation_by(p * transform.frequencies[m]);
+    float scale = 1.0f;
+    if (transform.scale_rates != nullptr) {
+      const double exponent = transform.scale_rates[m] * (p - transform.scale_centre);
+      scale = static_cast<float>(exp(key ? -exponent : exponent));
+    }
+    table[i] = make_float2(r.cos * scale, r.sin * scale);
   }
 }
 
@@ -286,7 +300,7 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
         // Channels c < pairs write the pair (c, c + pairs); channels past 2·pairs pass through.
         if (c0 < pairs) {
 #pragma unroll
-          for (int k = 0; k < kGroup; ++k) r[k] = rope_phase_of(transform, site, c0 + k);
+          for (int k = 0; k < kGroup; ++k) r[k] = rope_phase_of(transform, site, is_key, c0 + k);
 #pragma unroll 4
           for (int b = 0; b < site.sequences; ++b) {
             const __nv_bfloat16* xb = x + b * step.qkv;
@@ -352,7 +366,7 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
       case QkTransformKind::rope:
         if (c0 < pairs) {
 #pragma unroll
-          for (int k = 0; k < kGroup; ++k) r[k] = rope_phase_of(transform, site, c0 + k);
+          for (int k = 0; k < kGroup; ++k) r[k] = rope_phase_of(transform, site, is_key, c0 + k);
 #pragma unroll 4
           for (int b = 0; b < site.sequences; ++b) {
             const Grad* dyb = dy + b * step.encoded;
@@ -525,6 +539,11 @@ bool aligned_to(const void* pointer, std::uintptr_t bytes) {
   return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }
 
+// A scaled rotation is only defined through its two tables (fill_phase_table).
+bool scaled_without_tables(const QkTransformParams& transform) {
+  return transform.scale_rates != nullptr && (transform.phases == nullptr || transform.key_phases == nullptr);
+}
+
 // Nothing to transform: an empty batch, no positions, heads or channels.
 bool nothing_to_do(const AttentionDims& dims) { return dims.batch <= 0 || site_count(dims, 1) == 0; }
 
@@ -582,7 +601,7 @@ cudaError_t encode_pj_rotary_backward(const AttentionDims& dims, const QkTransfo
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                       __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream) {
   if (nothing_to_do(dims)) return cudaSuccess;
-  if (!threads_fit_32_bits(dims)) return cudaErrorInvalidValue;
+  if (!threads_fit_32_bits(dims) || scaled_without_tables(transform)) return cudaErrorInvalidValue;
   if (transform.kind == QkTransformKind::pj_rotary)
     return encode_pj_rotary(dims, transform, qkv, q_encoded, k_encoded, stream);
   return with_group(dims, transform, {qkv, q_encoded, k_encoded}, [&](auto group) {
@@ -601,7 +620,7 @@ cudaError_t encode_qk_backward_from(const AttentionDims& dims, const QkTransform
                                     __nv_bfloat16* dqkv, cudaStream_t stream) {
   const int sides = (dq_encoded != nullptr) + (dk_encoded != nullptr), first_side = dq_encoded != nullptr ? 0 : 1;
   if (nothing_to_do(dims) || sides == 0) return cudaSuccess;
-  if (!threads_fit_32_bits(dims)) return cudaErrorInvalidValue;
+  if (!threads_fit_32_bits(dims) || scaled_without_tables(transform)) return cudaErrorInvalidValue;
   if (transform.kind == QkTransformKind::pj_rotary) {
     if constexpr (std::is_same_v<Grad, float>) {
       if (sides == 2) return encode_pj_rotary_backward(dims, transform, dq_encoded, dk_encoded, dqkv, stream);
@@ -632,15 +651,16 @@ cudaError_t encode_qk_backward(const AttentionDims& dims, const QkTransformParam
 }
 
 std::size_t phase_table_entries(const QkTransformParams& transform, int seq_len) {
-  return std::size_t(seq_len) * std::size_t(phase_table_width(transform));
+  const std::size_t rows = std::size_t(seq_len) * std::size_t(phase_table_width(transform));
+  return transform.scale_rates != nullptr ? 2 * rows : rows;
 }
 
 cudaError_t fill_phase_table(const QkTransformParams& transform, int seq_len, float2* table, cudaStream_t stream) {
   const int width = phase_table_width(transform);
   if (width == 0 || seq_len <= 0) return cudaSuccess;
   if (table == nullptr || transform.frequencies == nullptr) return cudaErrorInvalidValue;
-  phase_table_kernel<<<grid_for(std::int64_t(seq_len) * width), kThreads, 0, stream>>>(
-      seq_len, width, transform.position_offset, transform.frequencies, table);
+  phase_table_kernel<<<grid_for(std::int64_t(phase_table_entries(transform, seq_len))), kThreads, 0, stream>>>(
+      seq_len, width, transform, table);
   return cudaGetLastError();
 }
 

@@ -56,9 +56,12 @@ void check_options(const AttentionBenchOptions& options) {
 
 #ifdef POPE_HAVE_CUDA
 
-// cuDNN's SDPA takes no score bias: the cudnn rows leave out ALiBi and the PJ-bias methods.
+// cuDNN's SDPA takes no score bias: the cudnn rows leave out the encodings that add one.
 bool runs_on(const std::string& kind, AttentionImpl impl) {
-  return impl != AttentionImpl::cudnn || !find_position_method(kind)->adds_score_bias();
+  if (impl != AttentionImpl::cudnn) return true;
+  ModelConfig model;
+  model.position.kind = kind;
+  return !make_position_encoding(model)->has_score_bias();
 }
 
 double median(std::vector<double> values) {

@@ -26,7 +26,7 @@ namespace pope {
 using config_schema::fail;
 
 ConfigError::ConfigError(std::string path, const std::string& message)
-    : std::runtime_error(path + ": " + message), path_(std::move(path)) {}
+    : std::runtime_error(path + ": " + message), path_(std::move(path)), message_(message) {}
 
 namespace {
 
@@ -82,13 +82,6 @@ void check_field(const config_schema::Field& field, const RunConfig& config, con
       field.access);
 }
 
-// An integer within floating-point round-off (fractions such as 0.5 × 64 are exact).
-std::optional<long> as_whole_number(double value) {
-  const double rounded = std::round(value);
-  if (std::abs(value - rounded) > 1e-9) return std::nullopt;
-  return long(rounded);
-}
-
 void check_model_shape(const ModelConfig& model, const std::string& source) {
   if (model.n_embd % model.n_head != 0) {
     fail("model.n_embd",
@@ -117,43 +110,12 @@ void check_position(const ModelConfig& model, const std::string& source) {
          fmt::format("expected more than yarn_alpha ({}), found {}", scaling.yarn_alpha, scaling.yarn_beta),
          source);
   }
-  const PositionMethod* method = find_position_method(position.kind);
-  if (method == nullptr) return;  // the key's own check names the allowed kinds
-  if (method->transform == MethodTransform::rope) {
-    // The rotating channels are split into two halves (NeoX pairing): an even whole number.
-    const double rotating = position.rope.fraction * model.head_dim();
-    const std::optional<long> channels = as_whole_number(rotating);
-    if (!channels || *channels % 2 != 0) {
-      fail("model.position.rope.fraction",
-           fmt::format("expected fraction × head dim ({}) to be an even whole number of channels, found {}",
-                       model.head_dim(), rotating),
-           source);
-    }
-  }
-  if (method->transform == MethodTransform::rope && !method->rope_scaling.empty() && scaling.kind != "none" &&
-      scaling.kind != method->rope_scaling) {
-    fail("model.position.rope.scaling.kind",
-         fmt::format("kind '{}' uses the scaling '{}'; expected none or {}, found '{}'", method->name,
-                     method->rope_scaling, method->rope_scaling, scaling.kind),
-         source);
-  }
-  if (method->transform == MethodTransform::pj_rotary) {
-    const int block_width = 2 * (position.pj.rotary_order + 1);
-    if (model.head_dim() % block_width != 0) {
-      fail("model.position.pj.rotary_order",
-           fmt::format("expected blocks of 2(rotary_order + 1) = {} dims to divide the head dim {}", block_width,
-                       model.head_dim()),
-           source);
-    }
-  }
-  if (method->alibi) {
-    const double heads = position.alibi.head_fraction * model.n_head;
-    if (!as_whole_number(heads)) {
-      fail("model.position.alibi.head_fraction",
-           fmt::format("expected head_fraction × model.n_head ({}) to be a whole number of heads, found {}",
-                       model.n_head, heads),
-           source);
-    }
+  if (find_position_method(position.kind) == nullptr) return;  // the key's own check names the allowed kinds
+  // Each encoding's factory checks the keys it reads, naming them.
+  try {
+    (void)make_position_encoding(model);
+  } catch (const ConfigError& e) {
+    fail(e.path(), e.message(), source);
   }
 }
 
@@ -190,8 +152,8 @@ void check_sizes(const RunConfig& config, const std::string& source) {
 // Its widths: head dims that are multiples of 8 with q/k rows of at most 256 (PoPE: d ≤ 128).
 void check_attention_impl(const RunConfig& config, const std::string& source) {
   if (config.attention.impl != "cudnn") return;
-  const PositionMethod* method = find_position_method(config.model.position.kind);
-  if (method != nullptr && method->adds_score_bias()) {
+  const std::unique_ptr<PositionEncoding> encoding = make_position_encoding(config.model);
+  if (encoding->has_score_bias()) {
     fail("attention.impl",
          fmt::format("expected fused for model.position.kind {}: its score bias is not supported by cuDNN's SDPA "
                      "(cudnn takes encodings without a bias: nope, rope and its scalings, pope, pj_rotary)",
@@ -202,7 +164,7 @@ void check_attention_impl(const RunConfig& config, const std::string& source) {
     fail("attention.impl", "expected fused with train.device cpu: cudnn runs on the CUDA backend only", source);
   }
   const int head_dim = config.model.head_dim();
-  const int qk_width = method != nullptr && method->transform == MethodTransform::pope ? 2 * head_dim : head_dim;
+  const int qk_width = encoding->qk_width(head_dim);
   if (head_dim % 8 != 0 || qk_width > 256) {
     fail("attention.impl",
          fmt::format("expected fused for head dim {} (q/k width {}): cudnn needs a head dim that is a multiple of 8 "
@@ -217,11 +179,7 @@ void check_attention_impl(const RunConfig& config, const std::string& source) {
 // bias) only with a scaling (PI/NTK/YaRN fine-tuning at 4096 on a 1024 model).
 void check_window(const RunConfig& config, const std::string& source) {
   const PositionConfig& position = config.model.position;
-  const PositionMethod* method = find_position_method(position.kind);
-  const bool unscaled_rope = method != nullptr && method->transform == MethodTransform::rope &&
-                             method->rope_scaling.empty() && position.rope.scaling.kind == "none";
-  const bool length_free = !unscaled_rope;
-  if (!length_free && config.train.seq_len > config.model.context_length) {
+  if (config.train.seq_len > config.model.context_length && !make_position_encoding(config.model)->extrapolates()) {
     fail("train.seq_len",
          fmt::format("expected at most model.context_length ({}) for kind {} (rope without a scaling), found {}",
                      config.model.context_length, position.kind, config.train.seq_len),

@@ -12,22 +12,6 @@ namespace pope::config_schema {
 
 namespace {
 
-// The JSON path of a key is, by contract, its member path in RunConfig, so one macro
-// argument yields both: the stringised path and an accessor for that member. This keeps
-// the two from ever disagreeing.
-#define POPE_CONFIG_KEY(member) #member, +[](RunConfig& c) -> auto& { return c.member; }
-
-Range at_least(double min) { return {.min = min, .min_exclusive = false, .max = {}, .max_exclusive = false}; }
-Range above(double min) { return {.min = min, .min_exclusive = true, .max = {}, .max_exclusive = false}; }
-// (0, 1]: a share of channels or heads.
-Range fraction() { return {.min = 0.0, .min_exclusive = true, .max = 1.0, .max_exclusive = false}; }
-// [0, 1): an Adam moment decay.
-Range decay_rate() { return {.min = 0.0, .min_exclusive = false, .max = 1.0, .max_exclusive = true}; }
-// [min, max], both included.
-Range between(double min, double max) { return {.min = min, .min_exclusive = false, .max = max, .max_exclusive = false}; }
-// Any value of the member's type (integers are still checked to fit it).
-Range any() { return {}; }
-
 // Upper bounds of the size keys: far above every paper setting (774M: 36 layers, n_embd 1280,
 // 20 heads, vocabulary 50,257 padded to 50,304; windows up to 10,240 in evaluation, fine-tunes
 // at 4,096), yet small enough that a dry run, which lays out every layer, finishes at once, and
@@ -130,16 +114,23 @@ std::vector<Field> make_fields() {
   };
 }
 
-#undef POPE_CONFIG_KEY
-
 bool starts_with_section(std::string_view path, std::string_view section) {
   return path.size() > section.size() && path.starts_with(section) && path[section.size()] == '.';
+}
+
+// The built-in keys with the registered encodings' keys after the other position keys.
+std::vector<Field> all_fields() {
+  std::vector<Field> table = make_fields();
+  const auto data = std::find_if(table.begin(), table.end(), [](const Field& f) { return f.path.starts_with("data."); });
+  const std::vector<Field> registered = registered_position_keys();
+  table.insert(data, registered.begin(), registered.end());
+  return table;
 }
 
 }  // namespace
 
 const std::vector<Field>& fields() {
-  static const std::vector<Field> table = make_fields();
+  static const std::vector<Field> table = all_fields();
   return table;
 }
 

@@ -25,6 +25,25 @@ struct Range {
   bool max_exclusive = false;
 };
 
+// Bounds for table rows.
+inline Range at_least(double min) { return {.min = min, .min_exclusive = false, .max = {}, .max_exclusive = false}; }
+inline Range above(double min) { return {.min = min, .min_exclusive = true, .max = {}, .max_exclusive = false}; }
+// (0, 1]: a share of channels or heads.
+inline Range fraction() { return {.min = 0.0, .min_exclusive = true, .max = 1.0, .max_exclusive = false}; }
+// [0, 1): an Adam moment decay.
+inline Range decay_rate() { return {.min = 0.0, .min_exclusive = false, .max = 1.0, .max_exclusive = true}; }
+// [min, max], both included.
+inline Range between(double min, double max) {
+  return {.min = min, .min_exclusive = false, .max = max, .max_exclusive = false};
+}
+// Any value of the member's type (integers are still checked to fit it).
+inline Range any() { return {}; }
+
+// The JSON path of a key is, by contract, its member path in RunConfig, so one macro argument
+// yields both: the stringised path and an accessor for that member. This keeps the two from
+// ever disagreeing. A table row starts with POPE_CONFIG_KEY(model.position.xpos.scale_base).
+#define POPE_CONFIG_KEY(member) #member, +[](RunConfig& c) -> auto& { return c.member; }
+
 // Reaches one member of a RunConfig; one alternative per C++ type a key can have.
 template <class T> using Accessor = T& (*)(RunConfig&);
 using FieldAccessor = std::variant<Accessor<int>, Accessor<long>, Accessor<std::uint64_t>, Accessor<double>,

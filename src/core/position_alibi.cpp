@@ -48,11 +48,11 @@ std::vector<double> AlibiEncoding::head_slopes(int n_head) const {
   return slopes;
 }
 
-std::optional<double> AlibiEncoding::linear_bias_slope(const PositionContext& ctx, int head) const {
-  const std::string where = "alibi linear bias slope";
-  check_context(where, ctx);
-  check_head(where, ctx, head);
-  return -head_slopes(ctx.n_head)[static_cast<std::size_t>(head)];
+BiasPlan AlibiEncoding::bias_plan(const PositionContext& ctx) const {
+  BiasPlan plan;
+  plan.kind = BiasKind::linear;
+  for (const double m : head_slopes(ctx.n_head)) plan.slopes.push_back(-m);
+  return plan;
 }
 
 template <class Real>

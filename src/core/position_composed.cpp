@@ -31,6 +31,14 @@ std::vector<ParamSpec> ComposedEncoding::layer_parameters(int n_head, int head_d
   return specs;
 }
 
+BiasPlan ComposedEncoding::bias_plan(const PositionContext& ctx) const {
+  BiasPlan plan = bias_->bias_plan(ctx);
+  const int shift = static_cast<int>(transform_parameter_count(ctx.n_head, ctx.head_dim));
+  plan.pj.first_param += shift;
+  plan.buckets.param += shift;
+  return plan;
+}
+
 std::size_t ComposedEncoding::transform_parameter_count(int n_head, int head_dim) const {
   return transform_->layer_parameters(n_head, head_dim).size();
 }

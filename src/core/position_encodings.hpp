@@ -37,6 +37,9 @@ class RopeEncoding final : public PositionEncodingImpl<RopeEncoding> {
   // 1/√d, times t² under YaRN (t = its q/k multiplier).
   double softmax_scale(const PositionContext& ctx) const override;
 
+  bool extrapolates() const override { return config_.scaling.kind != "none"; }
+  TransformPlan transform_plan(const PositionContext& ctx) const override;
+
   // θ'_m used for this call (depends on ctx for dynamic NTK).
   std::vector<double> frequencies(const PositionContext& ctx) const;
 
@@ -48,9 +51,6 @@ class RopeEncoding final : public PositionEncodingImpl<RopeEncoding> {
  private:
   RopeConfig config_;
 };
-
-// How PoPE turns a real channel into a non-negative magnitude μ = f(x) (Table 5 ablations).
-enum class PopeMagnitude { softplus, identity, relu };
 
 // PoPE. Each real channel c of a head becomes a complex feature μ_c·e^{iφ_c} with
 // μ_c = f(x_c), ω_c = base^(−c/d), φ_c = p·ω_c for queries and p·ω_c + clamp(δ_{h,c}, −2π, 0)
@@ -71,10 +71,12 @@ class PopeEncoding final : public PositionEncodingImpl<PopeEncoding> {
   // inv_sqrt_d: 1/√d, inv_sqrt_2d: 1/√(2d), d the untransformed head dim.
   double softmax_scale(const PositionContext& ctx) const override;
   std::vector<ParamSpec> layer_parameters(int n_head, int head_dim) const override;
+  TransformPlan transform_plan(const PositionContext& ctx) const override;
 
   // ω_c, c = 0..head_dim−1.
   std::vector<double> frequencies(int head_dim) const;
-  PopeMagnitude magnitude() const { return magnitude_; }
+  // How a real channel becomes a non-negative magnitude μ = f(x) (Table 5 ablations).
+  MagnitudeKind magnitude() const { return magnitude_; }
 
   template <class Real>
   void transform(const QkTransformArgs<Real>& args) const;
@@ -85,7 +87,7 @@ class PopeEncoding final : public PositionEncodingImpl<PopeEncoding> {
   std::size_t param_count() const { return config_.learn_delta ? 1 : 0; }
 
   PopeConfig config_;
-  PopeMagnitude magnitude_;
+  MagnitudeKind magnitude_;
 };
 
 // ALiBi: bias b_h(Δ) = −m_h·Δ with the paper's slopes (see alibi_slopes). With
@@ -100,7 +102,7 @@ class AlibiEncoding final : public PositionEncodingImpl<AlibiEncoding> {
 
   // m_h for h = 0..n_head−1, head_fraction applied.
   std::vector<double> head_slopes(int n_head) const;
-  std::optional<double> linear_bias_slope(const PositionContext& ctx, int head) const override;
+  BiasPlan bias_plan(const PositionContext& ctx) const override;
 
   template <class Real>
   void bias(const PositionContext& ctx, int head, ParamValues<Real> params, Real* table) const;
@@ -128,6 +130,7 @@ class PjBiasEncoding final : public PositionEncodingImpl<PjBiasEncoding> {
   bool has_score_bias() const override { return true; }
   std::vector<ParamSpec> layer_parameters(int n_head, int head_dim) const override;
   void initialize_custom(std::size_t param_index, std::span<double> values, int n_head, int head_dim) const override;
+  BiasPlan bias_plan(const PositionContext& ctx) const override;
 
   int order() const { return config_.order; }
   PjRho rho() const { return rho_; }
@@ -161,6 +164,7 @@ class PjRotaryEncoding final : public PositionEncodingImpl<PjRotaryEncoding> {
 
   std::string kind() const override { return "pj_rotary"; }
   bool transforms_qk() const override { return true; }
+  TransformPlan transform_plan(const PositionContext& ctx) const override;
 
   int order() const { return config_.rotary_order; }
   // M for this head_dim; throws ConfigError naming model.position.pj.rotary_order unless
@@ -184,7 +188,7 @@ class PjRotaryEncoding final : public PositionEncodingImpl<PjRotaryEncoding> {
 // A method of spec 5.3 made of two encodings: the q/k transform and softmax scale of
 // `transform`, the score bias of `bias`. Parameters are the transform's then the bias's;
 // their names must differ. The backends see one encoding; a backend that needs the parts
-// (the CUDA path) reaches them through transform_part() / bias_part().
+// (the diagnostics) reaches them through transform_part() / bias_part().
 class ComposedEncoding final : public PositionEncodingImpl<ComposedEncoding> {
  public:
   ComposedEncoding(std::string name, std::unique_ptr<PositionEncoding> transform,
@@ -195,7 +199,12 @@ class ComposedEncoding final : public PositionEncodingImpl<ComposedEncoding> {
   int qk_width(int head_dim) const override { return transform_->qk_width(head_dim); }
   bool has_score_bias() const override { return bias_->has_score_bias(); }
   double softmax_scale(const PositionContext& ctx) const override { return transform_->softmax_scale(ctx); }
+  bool extrapolates() const override { return transform_->extrapolates() && bias_->extrapolates(); }
   std::vector<ParamSpec> layer_parameters(int n_head, int head_dim) const override;
+  // The transform part's plan, and the bias part's with its parameter indices moved past the
+  // transform's parameters.
+  TransformPlan transform_plan(const PositionContext& ctx) const override { return transform_->transform_plan(ctx); }
+  BiasPlan bias_plan(const PositionContext& ctx) const override;
   void initialize_custom(std::size_t param_index, std::span<double> values, int n_head, int head_dim) const override;
 
   const PositionEncoding& transform_part() const { return *transform_; }

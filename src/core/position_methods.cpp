@@ -1,41 +1,59 @@
 #include "position_methods.hpp"
 
+#include <algorithm>
+#include <stdexcept>
+
 namespace pope {
+
+// The built-in rows (position_factory.cpp).
+const std::vector<PositionMethod>& builtin_position_methods();
 
 namespace {
 
-constexpr PjSectorMask kAffineOnly{false, true, false};
-constexpr PjSectorMask kAllSectors{true, true, true};
+struct Registered {
+  PositionMethod method;
+  std::vector<config_schema::Field> keys;
+};
 
-std::vector<PositionMethod> make_methods() {
-  using T = MethodTransform;
-  return {
-      {"nope", T::none, "", std::nullopt},
-      {"none", T::none, "", std::nullopt},
-      {"rope", T::rope, "", std::nullopt},
-      {"pope", T::pope, "", std::nullopt},
-      {"alibi", T::none, "", std::nullopt, /*alibi=*/true},
-      {"rope_pi", T::rope, "pi", std::nullopt},
-      {"rope_ntk", T::rope, "ntk", std::nullopt},
-      {"rope_yarn", T::rope, "yarn", std::nullopt},
-      {"rope_ntk_affine", T::rope, "ntk", kAffineOnly},
-      {"rope_yarn_affine", T::rope, "yarn", kAffineOnly},
-      {"pj_rotary", T::pj_rotary, "", std::nullopt},
-      {"affine", T::none, "", kAffineOnly},
-      {"fj_affine", T::none, "", PjSectorMask{true, true, false}},
-      {"fj_lc", T::none, "", PjSectorMask{true, false, true}},
-      {"rope_affine", T::rope, "", kAffineOnly},
-      {"full", T::none, "", kAllSectors},
-      {"lc_affine", T::none, "", PjSectorMask{false, true, true}},
-      {"pjrope", T::none, "", kAllSectors},  // the configs' name for `full`
-  };
+// Filled while the program starts, before main reads it.
+std::vector<Registered>& registrations() {
+  static std::vector<Registered> rows;
+  return rows;
+}
+
+std::vector<Registered> sorted_registrations() {
+  std::vector<Registered> rows = registrations();
+  std::sort(rows.begin(), rows.end(), [](const Registered& a, const Registered& b) { return a.method.name < b.method.name; });
+  return rows;
 }
 
 }  // namespace
 
+PositionMethodRegistration::PositionMethodRegistration(PositionMethod method, std::vector<config_schema::Field> keys) {
+  if (method.name.empty() || method.make == nullptr)
+    throw std::logic_error("a position method registers with a name and a factory");
+  for (const PositionMethod& builtin : builtin_position_methods())
+    if (builtin.name == method.name) throw std::logic_error("position method '" + std::string(method.name) + "' exists");
+  for (const Registered& other : registrations())
+    if (other.method.name == method.name)
+      throw std::logic_error("position method '" + std::string(method.name) + "' is registered twice");
+  registrations().push_back({method, std::move(keys)});
+}
+
 const std::vector<PositionMethod>& position_methods() {
-  static const std::vector<PositionMethod> methods = make_methods();
+  static const std::vector<PositionMethod> methods = [] {
+    std::vector<PositionMethod> all = builtin_position_methods();
+    for (const Registered& row : sorted_registrations()) all.push_back(row.method);
+    return all;
+  }();
   return methods;
+}
+
+std::vector<std::string> distinct_position_methods() {
+  std::vector<std::string> names;
+  for (const PositionMethod& method : position_methods())
+    if (!method.alias) names.emplace_back(method.name);
+  return names;
 }
 
 const PositionMethod* find_position_method(std::string_view name) {
@@ -51,6 +69,12 @@ std::string position_method_names() {
     names += method.name;
   }
   return names;
+}
+
+std::vector<config_schema::Field> registered_position_keys() {
+  std::vector<config_schema::Field> keys;
+  for (const Registered& row : sorted_registrations()) keys.insert(keys.end(), row.keys.begin(), row.keys.end());
+  return keys;
 }
 
 }  // namespace pope

@@ -1,14 +1,21 @@
-// The method names of model.position.kind (spec positional-encodings.md, section 5.3) and
-// what each is made of: a q/k transform from one encoding plus, optionally, a PJ-bias with
-// some of its sectors enabled. The factory builds encodings from this table and the config
-// checks use it, so a method's composition is written down exactly once.
+// The registry of positional encodings: every value of model.position.kind, with the factory
+// that builds it from a ModelConfig and the config keys it reads. The built-in methods (spec
+// of the PoPE and PJ-RoPE papers, section 5.3 for the compositions) are rows of
+// position_factory.cpp; an encoding in a file of its own registers itself there with a
+// PositionMethodRegistration, so adding one edits no table elsewhere
+// (docs/adding-an-encoding.md). The config schema, the factory, the bench and the generic
+// test suites all read this one list.
 #pragma once
 
 #include <array>
-#include <optional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/config_schema.hpp"
+#include "pope/config.hpp"
+#include "pope/position.hpp"
 
 namespace pope {
 
@@ -21,26 +28,33 @@ using PjSectorMask = std::array<bool, kPjSectorCount>;
 // kernels hold one head's orders in registers.
 inline constexpr int kMaxPjOrder = 15;
 
-enum class MethodTransform { none, rope, pope, pj_rotary };
+// Builds the encoding from the model config; throws ConfigError naming the offending key.
+using EncodingFactory = std::unique_ptr<PositionEncoding> (*)(const ModelConfig&);
 
 struct PositionMethod {
-  std::string_view name;
-  MethodTransform transform = MethodTransform::none;
-  // rope methods that fix the scaling (rope_pi → "pi"); empty: model.position.rope.scaling.kind.
-  std::string_view rope_scaling;
-  // Sectors of the PJ-bias this method adds; no value: no PJ-bias.
-  std::optional<PjSectorMask> pj_bias;
-  // ALiBi's fixed bias (the one method with a non-PJ bias).
-  bool alibi = false;
-
-  bool adds_score_bias() const { return alibi || pj_bias.has_value(); }
+  std::string_view name;      // the value of model.position.kind
+  EncodingFactory make = nullptr;
+  std::string_view summary;   // one line: what it is, for --help and the docs' tables
+  // Another name of the same method (none = nope, pjrope = full): left out of the lists that
+  // run every method once (the generic tests, pope-bench attention).
+  bool alias = false;
 };
 
-// Every method, in the order the docs list them.
+// Registers a method (and the config keys its factory reads, model.position.<name>.*) while
+// the program starts. Declare one at namespace scope in the encoding's own .cpp.
+struct PositionMethodRegistration {
+  explicit PositionMethodRegistration(PositionMethod method, std::vector<config_schema::Field> keys = {});
+};
+
+// Every method: the built-in ones in the docs' order, then the registered ones by name.
 const std::vector<PositionMethod>& position_methods();
+// position_methods() without aliases.
+std::vector<std::string> distinct_position_methods();
 // The method called `name`, or nullptr.
 const PositionMethod* find_position_method(std::string_view name);
 // "nope, rope, …" for error messages.
 std::string position_method_names();
+// The config keys of the registered methods, in registration-name order.
+std::vector<config_schema::Field> registered_position_keys();
 
 }  // namespace pope

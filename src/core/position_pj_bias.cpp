@@ -55,6 +55,16 @@ std::array<double, kPjSectorCount> PjBiasEncoding::initial_gate_logits() const {
   return kAffineGateLogits;
 }
 
+BiasPlan PjBiasEncoding::bias_plan(const PositionContext&) const {
+  BiasPlan plan;
+  plan.kind = BiasKind::pj;
+  plan.pj.order = config_.order;
+  plan.pj.train_length = train_length_;
+  plan.pj.lightcone_rho = rho_ == PjRho::lightcone;
+  for (int k = 0; k < kPjSectorCount; ++k) plan.pj.sectors[std::size_t(k)] = sectors_[std::size_t(k)];
+  return plan;
+}
+
 std::vector<ParamSpec> PjBiasEncoding::layer_parameters(int n_head, int) const {
   const int orders = config_.order + 1;
   const bool zero_amplitudes = config_.gate_init == "zero";

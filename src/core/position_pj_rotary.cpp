@@ -73,6 +73,15 @@ double PjRotaryEncoding::shear_rate(const PositionContext& ctx, std::string_view
   return config_.rotary_eta / ctx.train_length;
 }
 
+TransformPlan PjRotaryEncoding::transform_plan(const PositionContext& ctx) const {
+  TransformPlan plan;
+  plan.kind = TransformKind::jet_rotary;
+  plan.frequencies = frequencies(ctx.head_dim);
+  plan.jet_order = order();
+  plan.shear_rate = shear_rate(ctx, "pj_rotary plan");
+  return plan;
+}
+
 template <class Real>
 void PjRotaryEncoding::transform(const QkTransformArgs<Real>& a) const {
   check_transform_args("pj_rotary transform", a, 0);

@@ -15,34 +15,34 @@ namespace {
 
 constexpr double kTwoPi = 2.0 * std::numbers::pi;
 
-PopeMagnitude parse_magnitude(const std::string& name) {
-  if (name == "softplus") return PopeMagnitude::softplus;
-  if (name == "identity") return PopeMagnitude::identity;
-  if (name == "relu") return PopeMagnitude::relu;
+MagnitudeKind parse_magnitude(const std::string& name) {
+  if (name == "softplus") return MagnitudeKind::softplus;
+  if (name == "identity") return MagnitudeKind::identity;
+  if (name == "relu") return MagnitudeKind::relu;
   throw ConfigError("model.position.pope.magnitude",
                     "unknown magnitude '" + name + "'; expected one of: softplus, identity, relu");
 }
 
-double magnitude_of(PopeMagnitude kind, double x) {
+double magnitude_of(MagnitudeKind kind, double x) {
   switch (kind) {
-    case PopeMagnitude::softplus:
+    case MagnitudeKind::softplus:
       return softplus(x);
-    case PopeMagnitude::identity:
+    case MagnitudeKind::identity:
       return x;
-    case PopeMagnitude::relu:
+    case MagnitudeKind::relu:
       return x > 0.0 ? x : 0.0;
   }
   return x;
 }
 
 // d magnitude / dx of exactly the function magnitude_of computes.
-double magnitude_derivative(PopeMagnitude kind, double x) {
+double magnitude_derivative(MagnitudeKind kind, double x) {
   switch (kind) {
-    case PopeMagnitude::softplus:
+    case MagnitudeKind::softplus:
       return softplus_derivative(x);
-    case PopeMagnitude::identity:
+    case MagnitudeKind::identity:
       return 1.0;
-    case PopeMagnitude::relu:
+    case MagnitudeKind::relu:
       return x > 0.0 ? 1.0 : 0.0;
   }
   return 1.0;
@@ -92,6 +92,15 @@ std::vector<ParamSpec> PopeEncoding::layer_parameters(int n_head, int head_dim) 
     delta.init_b = 0.0;
   }
   return {delta};
+}
+
+TransformPlan PopeEncoding::transform_plan(const PositionContext& ctx) const {
+  TransformPlan plan;
+  plan.kind = TransformKind::polar;
+  plan.frequencies = frequencies(ctx.head_dim);
+  plan.magnitude = magnitude_;
+  plan.delta_param = config_.learn_delta ? 0 : -1;
+  return plan;
 }
 
 std::vector<double> PopeEncoding::frequencies(int head_dim) const {

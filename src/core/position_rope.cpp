@@ -22,6 +22,13 @@ std::vector<double> RopeEncoding::frequencies(const PositionContext& ctx) const 
   return rope_frequencies(config_, rotary_dim, ctx.train_length, ctx.position_offset + ctx.seq_len);
 }
 
+TransformPlan RopeEncoding::transform_plan(const PositionContext& ctx) const {
+  TransformPlan plan;
+  plan.kind = TransformKind::rotary;
+  plan.frequencies = frequencies(ctx);
+  return plan;
+}
+
 template <class Real>
 void RopeEncoding::transform(const QkTransformArgs<Real>& a) const {
   check_transform_args("rope transform", a, 0);

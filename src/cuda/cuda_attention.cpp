@@ -1,14 +1,15 @@
-// Host side of causal attention on the GPU: validates the call, identifies the encoding,
-// keeps its small tables (frequencies, bias) on the device, and runs the kernels of
-// kernels/attention/ over scratch that grows once per larger shape:
+// Host side of causal attention on the GPU: validates the call, reads the encoding's plan
+// (pope/position_plan.hpp; the encoding's type is never looked at), keeps its small tables
+// (frequencies, bias, lag buckets) on the device, and runs the kernels of kernels/attention/
+// over scratch that grows once per larger shape:
 //   forward:  encode q̃, k̃ (bf16) → causal attention → out (bf16), lse (f32)
 //   backward: encode q̃, k̃ again → dq̃, dk̃ (f32) and dv → transform backward → dqkv (bf16),
-//             plus the encoding's parameter gradients (PoPE's δ; a PJ-bias's parameters from
-//             the fused kernel's diagonal sums Ĝ), accumulated in f32.
-// A PJ-RoPE method (ComposedEncoding) is its transform part's q/k transform plus a bias
-// table that kernels/attention/pj_bias.cu builds on the device from the layer's parameters,
-// on a side stream while q̃, k̃ are encoded; the forward keeps it with q̃, k̃ for the backward,
-// which reduces Ĝ and the parameters' gradients on that stream beside the query kernel.
+//             plus the encoding's parameter gradients (PoPE's δ; a learned bias's parameters
+//             from the fused kernel's diagonal sums Ĝ), accumulated in f32.
+// A learned bias (a PJ-bias, lag buckets: cuda/learned_bias.hpp) has its table built on the
+// device from the layer's parameters, on a side stream while q̃, k̃ are encoded; the forward
+// keeps it with q̃, k̃ for the backward, which reduces Ĝ and the parameters' gradients on that
+// stream beside the query kernel.
 // The attention itself runs on the fused tensor-core kernels (flash_attention.cuh) where they
 // handle the widths, else on the simple kernels (causal_attention.cuh); `use_flash` is the one
 // place that chooses. With attention.impl = cudnn (AttentionForward::impl) cuDNN's fused SDPA
@@ -35,17 +36,14 @@
 #include "attention/flash_attention.cuh"
 #include "attention/qk_transform.cuh"
 #include "core/attention_checks.hpp"
-#include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_tensor_checks.hpp"
 #include "cuda/cudnn_attention.hpp"
 #include "cuda/device_scratch.hpp"
-#include "cuda/pj_bias_layer.hpp"
+#include "cuda/learned_bias.hpp"
 #include "cuda/side_stream.hpp"
 
 namespace pope::cuda {
-
-static_assert(kernels::kPjRotaryMaxOrder == kMaxPjOrder, "the CUDA PJ-rotary order bound must match the CPU's");
 
 namespace {
 
@@ -130,18 +128,6 @@ std::vector<float*> parameter_pointers(std::string_view op, std::string_view nam
   return pointers;
 }
 
-kernels::PopeMagnitudeKind device_magnitude(PopeMagnitude magnitude) {
-  switch (magnitude) {
-    case PopeMagnitude::softplus:
-      return kernels::PopeMagnitudeKind::softplus;
-    case PopeMagnitude::identity:
-      return kernels::PopeMagnitudeKind::identity;
-    case PopeMagnitude::relu:
-      return kernels::PopeMagnitudeKind::relu;
-  }
-  throw std::logic_error("cuda attention: unhandled PoPE magnitude");
-}
-
 // The single dispatch point between the fused and the simple attention kernels.
 bool use_flash(const AttentionDims& dims, const kernels::EncodedAttention& in, const void* dout = nullptr) {
   const bool dout_aligned = dout == nullptr || reinterpret_cast<std::uintptr_t>(dout) % 16 == 0;
@@ -171,28 +157,42 @@ std::size_t encoded_elements(const AttentionDims& dims) {
   return std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
 }
 
-// bf16 slots of AttentionForward::encoded after q̃ and k̃ that keep a PJ-bias's f32 [H, T] table
-// from the forward, which the backward then reads instead of building it again.
-std::size_t kept_table_slots(const PositionEncoding& encoding, int n_head, int seq_len) {
-  return has_pj_bias(encoding) ? 2 * std::size_t(n_head) * std::size_t(seq_len) : 0;
+// The context of a call of this shape, for questions whose answer does not depend on the
+// positions (whether the bias is learned).
+PositionContext shape_context(const AttentionShape& shape) {
+  PositionContext ctx;
+  ctx.seq_len = shape.seq_len;
+  ctx.n_head = shape.n_head;
+  ctx.head_dim = shape.head_dim;
+  return ctx;
+}
+
+bool has_learned_bias(const PositionEncoding& encoding, const PositionContext& ctx) {
+  return encoding.has_score_bias() && encoding.bias_plan(ctx).learned();
+}
+
+// bf16 slots of AttentionForward::encoded after q̃ and k̃ that keep a learned bias's f32 [H, T]
+// table from the forward, which the backward then reads instead of building it again.
+std::size_t kept_table_slots(bool learned_bias, int n_head, int seq_len) {
+  return learned_bias ? 2 * std::size_t(n_head) * std::size_t(seq_len) : 0;
 }
 
 // AttentionForward/Backward::encoded must be empty or hold exactly the call's q̃, k̃ (and table) in bf16.
-void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDims& dims,
-                   const PositionEncoding& encoding) {
+void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDims& dims, bool learned_bias) {
   if (encoded.empty()) return;
-  const std::size_t slots = 2 * encoded_elements(dims) + kept_table_slots(encoding, dims.n_head, dims.seq_len);
+  const std::size_t slots = 2 * encoded_elements(dims) + kept_table_slots(learned_bias, dims.n_head, dims.seq_len);
   check_vector(op, "encoded", encoded, DType::bf16, std::int64_t(slots));
 }
 
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, pj_table, pj_diag_grad, pj_partials,
-      phases;
-  DeviceTable<double> frequencies;
+  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, learned_table, learned_diag_grad,
+      learned_partials, phases;
+  DeviceTable<double> frequencies, scale_rates;
   DeviceTable<float> bias, bias_slopes;
-  SideStream side;  // a PJ-bias's small kernels, beside the attention's big ones
+  DeviceTable<int> bucket_of_lag, bucket_starts;
+  SideStream side;  // a learned bias's small kernels, beside the attention's big ones
 #ifdef POPE_HAVE_CUDNN
   std::unique_ptr<CudnnAttention> cudnn;  // created on the first cudnn call (cudnnCreate is not free)
 #endif
@@ -228,99 +228,99 @@ struct AttentionRunner::Scratch {
     return 0;
   }
 
-  // The encoding's q/k transform for this call (tables uploaded); throws for encodings the
-  // GPU path does not know, naming them.
-  QkTransformParams transform(std::string_view op, const PositionEncoding& encoding, const PositionContext& ctx,
-                              const std::vector<float*>& params, cudaStream_t stream) {
-    if (const auto* composed = dynamic_cast<const ComposedEncoding*>(&encoding)) {
-      // A PJ-RoPE method: the q/k transform of its first part, whose parameters come first.
-      const std::size_t own = composed->transform_parameter_count(ctx.n_head, ctx.head_dim);
-      const std::vector<float*> transform_params(params.begin(), params.begin() + std::ptrdiff_t(own));
-      return transform(op, composed->transform_part(), ctx, transform_params, stream);
+  // The plan's q/k transform for this call, its tables uploaded.
+  QkTransformParams transform(const TransformPlan& plan, const PositionContext& ctx, const std::vector<float*>& params,
+                              cudaStream_t stream) {
+    QkTransformParams device;
+    device.position_offset = ctx.position_offset;
+    switch (plan.kind) {
+      case TransformKind::identity:
+        return device;  // positions act through the mask and the bias only
+      case TransformKind::rotary:
+        device.kind = QkTransformKind::rope;
+        device.rotary_pairs = static_cast<int>(plan.frequencies.size());
+        device.frequencies = frequencies.upload(plan.frequencies, stream);
+        if (!plan.scale_rates.empty()) {
+          device.scale_rates = scale_rates.upload(plan.scale_rates, stream);
+          device.scale_centre = plan.scale_centre;
+        }
+        tabulate_phases(device, ctx, stream);
+        return device;
+      case TransformKind::polar:
+        device.kind = QkTransformKind::pope;
+        device.frequencies = frequencies.upload(plan.frequencies, stream);
+        device.magnitude = plan.magnitude;
+        device.delta = plan.delta_param < 0 ? nullptr : params.at(std::size_t(plan.delta_param));
+        return device;
+      case TransformKind::jet_rotary:
+        // Absolute positions, transformed in f32 and stored bf16 (docs/design.md, "PJ-rotary on the GPU").
+        device.kind = QkTransformKind::pj_rotary;
+        device.jet_order = plan.jet_order;
+        device.frequencies = frequencies.upload(plan.frequencies, stream);
+        device.shear_rate = plan.shear_rate;
+        return device;
     }
-    QkTransformParams plan;
-    plan.position_offset = ctx.position_offset;
-    if (dynamic_cast<const NopeEncoding*>(&encoding) || dynamic_cast<const AlibiEncoding*>(&encoding)) {
-      return plan;  // identity: their positions act through the mask and the bias only
-    }
-    if (const auto* rope = dynamic_cast<const RopeEncoding*>(&encoding)) {
-      const std::vector<double> theta = rope->frequencies(ctx);
-      plan.kind = QkTransformKind::rope;
-      plan.rotary_pairs = static_cast<int>(theta.size());
-      plan.frequencies = frequencies.upload(theta, stream);
-      plan.phases = tabulate_phases(plan, ctx, stream);
-      return plan;
-    }
-    if (const auto* pope = dynamic_cast<const PopeEncoding*>(&encoding)) {
-      plan.kind = QkTransformKind::pope;
-      plan.frequencies = frequencies.upload(pope->frequencies(ctx.head_dim), stream);
-      plan.magnitude = device_magnitude(pope->magnitude());
-      plan.delta = params.empty() ? nullptr : params.front();  // no δ parameter: the "no δ" ablation
-      return plan;
-    }
-    if (const auto* pj = dynamic_cast<const PjRotaryEncoding*>(&encoding)) {
-      // Absolute positions, transformed in f32 and stored bf16 (docs/design.md, "PJ-rotary on the GPU").
-      plan.kind = QkTransformKind::pj_rotary;
-      plan.jet_order = pj->order();
-      plan.frequencies = frequencies.upload(pj->frequencies(ctx.head_dim), stream);
-      plan.shear_rate = pj->shear_rate(ctx, op);
-      return plan;
-    }
-    throw std::runtime_error(
-        fmt::format("{}: encoding '{}' is not supported by the CUDA attention (supported: nope, rope, pope, alibi, "
-                    "pj_rotary and the PJ-RoPE methods)",
-                    op, encoding.kind()));
+    throw std::logic_error("cuda attention: unhandled transform kind");
   }
 
   // RoPE's phase table for the call (kernels::fill_phase_table): T × pairs angles evaluated once
-  // instead of once per (position, head) of q and k, and read by the fused gradient epilogue.
-  const float2* tabulate_phases(const QkTransformParams& plan, const PositionContext& ctx, cudaStream_t stream) {
-    auto* table = reserve_elements<float2>(phases, kernels::phase_table_entries(plan, ctx.seq_len));
-    POPE_CUDA_CHECK(kernels::fill_phase_table(plan, ctx.seq_len, table, stream));
-    return table;
+  // instead of once per (position, head) of q and k, and read by the fused gradient epilogue;
+  // a scaled rotation's queries and keys have a table each.
+  void tabulate_phases(QkTransformParams& device, const PositionContext& ctx, cudaStream_t stream) {
+    auto* table = reserve_elements<float2>(phases, kernels::phase_table_entries(device, ctx.seq_len));
+    POPE_CUDA_CHECK(kernels::fill_phase_table(device, ctx.seq_len, table, stream));
+    device.phases = table;
+    if (device.scale_rates != nullptr) device.key_phases = table + std::size_t(ctx.seq_len) * device.rotary_pairs;
   }
 
-  // Where this call's PJ-bias table comes from: built on `stream` into `kept` (the forward keeping
-  // it for the backward) or, when nothing is kept, into scratch; or (`built`) read from `kept` as
-  // the forward left it.
-  struct PjTable {
+  // The learned bias of the plan with its lag tables on the device, or nullopt.
+  std::optional<LearnedBias> learned_bias(const BiasPlan& plan, const PositionContext& ctx,
+                                          const std::vector<float*>& params, const std::vector<float*>& grads,
+                                          cudaStream_t stream) {
+    if (!plan.learned()) return std::nullopt;
+    const int* lags = nullptr;
+    const int* starts = nullptr;
+    if (plan.kind == BiasKind::lag_buckets) {
+      lags = bucket_of_lag.upload(plan.buckets.bucket_of_lag, stream);
+      starts = bucket_starts.upload(lag_bucket_starts(plan.buckets), stream);
+    }
+    return LearnedBias::of(plan, ctx.n_head, params, grads, lags, starts);
+  }
+
+  // Where this call's learned-bias table comes from: built on `stream` into `kept` (the forward
+  // keeping it for the backward) or, when nothing is kept, into scratch; or (`built`) read from
+  // `kept` as the forward left it.
+  struct LearnedTable {
     cudaStream_t stream;
     float* kept = nullptr;
     bool built = false;
   };
 
   // Score scale and, for encodings with a score bias, the [n_head, T] table b_h(Δ).
-  kernels::ScoreParams score(std::string_view op, const PositionEncoding& encoding, const PositionContext& ctx,
-                             const std::vector<float*>& layer_params, cudaStream_t stream, const PjTable& pj_place) {
+  kernels::ScoreParams score(const PositionEncoding& encoding, const BiasPlan& plan, const PositionContext& ctx,
+                             const std::optional<LearnedBias>& learned, cudaStream_t stream, const LearnedTable& place) {
     kernels::ScoreParams params;
     params.scale = static_cast<float>(encoding.softmax_scale(ctx));
-    if (!encoding.has_score_bias()) return params;
-    // A PJ-bias is tabulated on the device from its parameters (no host round trip, so the
-    // step stays capturable); parameter-free biases (ALiBi) are tabulated on the host.
-    if (const std::optional<PjBiasLayer> pj = pj_bias_layer(encoding, ctx, layer_params)) {
-      float* table = pj_place.kept != nullptr ? pj_place.kept
-                                              : reserve_elements<float>(pj_table, std::size_t(ctx.n_head) * ctx.seq_len);
-      if (!pj_place.built) POPE_CUDA_CHECK(kernels::pj_bias_table(pj->params, ctx.seq_len, table, pj_place.stream));
+    if (plan.kind == BiasKind::none) return params;
+    // A learned bias is tabulated on the device from its parameters (no host round trip, so the
+    // step stays capturable); parameter-free biases are tabulated on the host.
+    if (learned) {
+      float* table = place.kept != nullptr
+                         ? place.kept
+                         : reserve_elements<float>(learned_table, std::size_t(ctx.n_head) * ctx.seq_len);
+      if (!place.built) POPE_CUDA_CHECK(learned->build_table(ctx.seq_len, table, place.stream));
       params.bias = table;
       return params;
-    }
-    if (!encoding.layer_parameters(ctx.n_head, ctx.head_dim).empty()) {
-      throw std::runtime_error(fmt::format(
-          "{}: encoding '{}' has a score bias with learnable parameters, not supported by the CUDA attention yet", op,
-          encoding.kind()));
     }
     const std::size_t T = static_cast<std::size_t>(ctx.seq_len);
     std::vector<float> table(static_cast<std::size_t>(ctx.n_head) * T);
     for (int h = 0; h < ctx.n_head; ++h) encoding.score_bias(ctx, h, ParamValues<float>{}, table.data() + h * T);
     params.bias = bias.upload(table, stream);
-    // A linear table (ALiBi) also goes as slopes, which the fused kernels use instead.
-    std::vector<float> slopes;
-    for (int h = 0; h < ctx.n_head; ++h) {
-      const std::optional<double> slope = encoding.linear_bias_slope(ctx, h);
-      if (!slope) return params;
-      slopes.push_back(static_cast<float>(*slope));
+    // A linear bias (ALiBi) also goes as slopes, which the fused kernels use instead of the table.
+    if (plan.kind == BiasKind::linear) {
+      const std::vector<float> slopes(plan.slopes.begin(), plan.slopes.end());
+      params.bias_slopes = bias_slopes.upload(slopes, stream);
     }
-    params.bias_slopes = bias_slopes.upload(slopes, stream);
     return params;
   }
 
@@ -343,10 +343,10 @@ struct AttentionRunner::Scratch {
     auto* q_half = static_cast<__nv_bfloat16*>(kept.data);
     return {q_half, q_half == nullptr ? nullptr : q_half + encoded_elements(dims)};
   }
-  // A PJ-bias's table kept by the caller after q̃ and k̃ (null when `kept` is empty or the
+  // A learned bias's table kept by the caller after q̃ and k̃ (null when `kept` is empty or the
   // encoding has none; 16-byte aligned: q̃ and k̃ are whole rows of 64-element multiples).
-  static float* kept_table(const AttentionDims& dims, const Tensor& kept, const PositionEncoding& encoding) {
-    if (kept.empty() || !has_pj_bias(encoding)) return nullptr;
+  static float* kept_table(const AttentionDims& dims, const Tensor& kept, bool learned_bias) {
+    if (kept.empty() || !learned_bias) return nullptr;
     return reinterpret_cast<float*>(static_cast<__nv_bfloat16*>(kept.data) + 2 * encoded_elements(dims));
   }
   static kernels::EncodedAttention inputs(const kernels::ScoreParams& score, const Tensor& qkv,
@@ -364,16 +364,19 @@ struct AttentionRunner::Scratch {
 AttentionRunner::AttentionRunner() : scratch_(std::make_unique<Scratch>()) {}
 
 std::int64_t AttentionRunner::encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) {
+  const bool learned = has_learned_bias(encoding, shape_context(shape));
   return 2 * std::int64_t(shape.batch) * shape.n_head * shape.seq_len * qk_width_of(encoding, shape.head_dim) +
-         std::int64_t(kept_table_slots(encoding, shape.n_head, shape.seq_len));
+         std::int64_t(kept_table_slots(learned, shape.n_head, shape.seq_len));
 }
 AttentionRunner::~AttentionRunner() = default;
 
 std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
-  std::size_t total = s.frequencies.bytes() + s.bias.bytes() + s.bias_slopes.bytes() + s.cudnn_bytes();
+  std::size_t total = s.frequencies.bytes() + s.scale_rates.bytes() + s.bias.bytes() + s.bias_slopes.bytes() +
+                      s.bucket_of_lag.bytes() + s.bucket_starts.bytes() + s.cudnn_bytes();
   for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
-                                     &s.delta_grad_partials, &s.pj_table, &s.pj_diag_grad, &s.pj_partials, &s.phases})
+                                     &s.delta_grad_partials, &s.learned_table, &s.learned_diag_grad,
+                                     &s.learned_partials, &s.phases})
     total += block->bytes();
   return total;
 }
@@ -383,16 +386,17 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   const AttentionDims dims = check_call(op, args.shape, args.encoding, args.position, args.qkv, args.out, args.lse);
   const PositionEncoding& encoding = *args.encoding;
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
-  const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
-  check_encoded(op, args.encoded, dims, encoding);
-  // A PJ-bias's table is built on the side stream while q̃, k̃ are encoded on `stream`.
-  const bool pj = has_pj_bias(encoding);
-  const Scratch::PjTable pj_place{pj ? scratch_->side.fork(stream) : stream,
-                                  Scratch::kept_table(dims, args.encoded, encoding)};
-  const kernels::ScoreParams score = scratch_->score(op, encoding, args.position, params, stream, pj_place);
+  const EncodingPlan plan = encoding.plan(args.position);
+  const QkTransformParams transform = scratch_->transform(plan.transform, args.position, params, stream);
+  const std::optional<LearnedBias> learned = scratch_->learned_bias(plan.bias, args.position, params, {}, stream);
+  check_encoded(op, args.encoded, dims, learned.has_value());
+  // A learned bias's table is built on the side stream while q̃, k̃ are encoded on `stream`.
+  const Scratch::LearnedTable place{learned ? scratch_->side.fork(stream) : stream,
+                                    Scratch::kept_table(dims, args.encoded, learned.has_value())};
+  const kernels::ScoreParams score = scratch_->score(encoding, plan.bias, args.position, learned, stream, place);
   check_impl(op, args.impl, encoding, score);
   const kernels::EncodedAttention in = scratch_->encode(dims, transform, score, args.qkv, args.encoded, stream);
-  if (pj) scratch_->side.join(stream);
+  if (learned) scratch_->side.join(stream);
   auto* out = static_cast<__nv_bfloat16*>(args.out.data);
   auto* lse = static_cast<float*>(args.lse.data);
   if (args.impl == AttentionImpl::cudnn) {
@@ -414,12 +418,14 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   const PositionEncoding& encoding = *args.encoding;
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
   const std::vector<float*> grads = parameter_pointers(op, "position_grads", args.position_grads, encoding, dims);
-  const QkTransformParams transform = scratch_->transform(op, encoding, args.position, params, stream);
-  check_encoded(op, args.encoded, dims, encoding);
-  // A PJ-bias's table as the forward kept it, or built again.
-  float* const kept_table = Scratch::kept_table(dims, args.encoded, encoding);
+  const EncodingPlan plan = encoding.plan(args.position);
+  const QkTransformParams transform = scratch_->transform(plan.transform, args.position, params, stream);
+  const std::optional<LearnedBias> learned = scratch_->learned_bias(plan.bias, args.position, params, grads, stream);
+  check_encoded(op, args.encoded, dims, learned.has_value());
+  // A learned bias's table as the forward kept it, or built again.
+  float* const kept_table = Scratch::kept_table(dims, args.encoded, learned.has_value());
   const kernels::ScoreParams score =
-      scratch_->score(op, encoding, args.position, params, stream, {stream, kept_table, kept_table != nullptr});
+      scratch_->score(encoding, plan.bias, args.position, learned, stream, {stream, kept_table, kept_table != nullptr});
   check_impl(op, args.impl, encoding, score);
   // q̃, k̃ as the forward kept them, or derived again.
   const auto [q_kept, k_kept] = Scratch::kept_halves(dims, args.encoded);
@@ -452,13 +458,13 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
     gradients.dq = reserve_elements<float>(scratch_->dq, encoded);
     gradients.dk = reserve_elements<float>(scratch_->dk, encoded);
   }
-  // A PJ-bias takes its parameter gradients from the diagonal sums Ĝ of dS, zeroed here
+  // A learned bias takes its parameter gradients from the diagonal sums Ĝ of dS, zeroed here
   // because the kernels accumulate into them.
-  const std::optional<PjBiasLayer> pj = pj_bias_layer(encoding, args.position, params, grads);
-  if (pj) {
-    require(bias_table_grad == nullptr, op, "a bias-table gradient was asked for, but the PJ-bias consumes it itself");
+  if (learned) {
+    require(bias_table_grad == nullptr, op,
+            "a bias-table gradient was asked for, but the encoding's learned bias consumes it itself");
     const std::size_t lags = std::size_t(dims.n_head) * std::size_t(dims.seq_len);
-    bias_table_grad = reserve_elements<float>(scratch_->pj_diag_grad, lags);
+    bias_table_grad = reserve_elements<float>(scratch_->learned_diag_grad, lags);
     POPE_CUDA_CHECK(cudaMemsetAsync(bias_table_grad, 0, lags * sizeof(float), stream));
     // Ĝ and the parameters' gradients from it on the side stream, beside the query kernel.
     gradients.bias_grad_stream = scratch_->side.stream();
@@ -488,6 +494,7 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
   // PoPE with δ: the pass that sums δ's gradient reads the keys' x, dk̃ and phases anyway and
   // writes their dL/dk too, so encode_qk_backward transforms the queries only.
   const bool keys_with_delta = transform.kind == QkTransformKind::pope && transform.delta != nullptr;
+  float* const delta_grad = keys_with_delta ? grads.at(std::size_t(plan.transform.delta_param)) : nullptr;
   auto transform_backward = [&](const auto* dq, const auto* dk) {
     POPE_CUDA_CHECK(
         kernels::encode_qk_backward(dims, transform, in.qkv, dq, keys_with_delta ? nullptr : dk, gradients.dqkv, stream));
@@ -495,18 +502,16 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
       float* partials =
           reserve_elements<float>(scratch_->delta_grad_partials, kernels::pope_delta_gradient_partial_floats(dims));
       POPE_CUDA_CHECK(
-          kernels::pope_delta_gradient(dims, transform, in.qkv, dk, partials, grads.front(), gradients.dqkv, stream));
+          kernels::pope_delta_gradient(dims, transform, in.qkv, dk, partials, delta_grad, gradients.dqkv, stream));
     }
   };
   if (rounded)
     transform_backward(gradients.dq_bf16, gradients.dk_bf16);
   else if (!gradients.qk_backward_fused)
     transform_backward(gradients.dq, gradients.dk);
-  if (pj) {
-    double* partials = reserve_elements<double>(scratch_->pj_partials,
-                                                kernels::pj_bias_backward_partial_doubles(pj->params, dims.seq_len));
-    POPE_CUDA_CHECK(kernels::pj_bias_backward(pj->params, dims.seq_len, bias_table_grad, pj->gradients, partials,
-                                              gradients.bias_grad_stream));
+  if (learned) {
+    void* partials = scratch_->learned_partials.reserve(learned->backward_scratch_bytes(dims.seq_len));
+    POPE_CUDA_CHECK(learned->backward(dims.seq_len, bias_table_grad, partials, gradients.bias_grad_stream));
     scratch_->side.join(stream);
   }
 }

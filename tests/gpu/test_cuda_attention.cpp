@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/position_encodings.hpp"
+#include "core/position_methods.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cuda/cuda_attention.hpp"
 #include "cuda/cuda_check.hpp"
@@ -126,10 +127,13 @@ void expect_matches_cpu(const Problem& p, const Result& gpu, const Result& cpu) 
 }
 
 
+// Every registered method as the model builds it, then variants of their options.
 std::vector<EncodingCase> encoding_cases() {
+  std::vector<EncodingCase> cases;
+  for (const std::string& kind : distinct_position_methods()) cases.push_back(case_of_kind(kind, 3, 64));
   AlibiConfig half_heads;
   half_heads.head_fraction = 0.5;
-  return {
+  std::vector<EncodingCase> variants = {
       {"nope", [] { return std::unique_ptr<PositionEncoding>(std::make_unique<NopeEncoding>()); }},
       {"rope", maker<RopeEncoding>(rope_with(1.0, "none", 1.0))},
       {"rope_fraction_half", maker<RopeEncoding>(rope_with(0.5, "none", 1.0))},
@@ -144,6 +148,9 @@ std::vector<EncodingCase> encoding_cases() {
       // K = 1 (default); within L_train the shear c_p ≤ 1, so q̃, k̃ keep bf16's relative precision.
       {"pj_rotary", maker<PjRotaryEncoding>(PjConfig{})},
   };
+  for (EncodingCase& variant : variants) variant.name = "variant_" + variant.name;
+  cases.insert(cases.end(), variants.begin(), variants.end());
+  return cases;
 }
 
 PjConfig pj_rotary_of_order(int order) {
@@ -298,9 +305,11 @@ TEST_F(CudaAttention, LongContextMemoryStaysLinear) {
 
 // ---------------------------------------------------------------- bad calls
 
+// Claims a q/k transform but declares no plan for it: the GPU cannot know what to run.
 class MysteryEncoding final : public PositionEncoding {
  public:
   std::string kind() const override { return "mystery"; }
+  bool transforms_qk() const override { return true; }
 };
 
 // A valid small forward call whose pieces the tests below spoil one at a time.

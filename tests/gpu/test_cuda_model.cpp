@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "core/position_methods.hpp"
 #include "cuda/cuda_device.hpp"
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
@@ -171,11 +172,7 @@ TEST_F(CudaEvalLogits, Fp32LogitsMatchTheF64ReferenceWhereBf16LogitsCannot) {
   EXPECT_GT(bf16_error, kTolerance) << "the bf16 path meets the tolerance too: the test no longer tells them apart";
 }
 
-INSTANTIATE_TEST_SUITE_P(Encodings, CudaModel, ::testing::Values("nope", "rope", "pope", "alibi"),
-                         [](const auto& info) { return info.param; });
-
-// PJ-RoPE methods: the bias table built on the device, its parameters' gradients from the
-// fused kernel's diagonal sums Ĝ (every sector in `full`; RoPE + the affine sector), and the
-// PJ-rotary q/k transform (K = 1, c_p ≤ 97/128).
-INSTANTIATE_TEST_SUITE_P(PjRopeMethods, CudaModel, ::testing::Values("full", "rope_affine", "fj_lc", "pj_rotary"),
+// Every registered method (core/position_methods.hpp): the transforms on load, the bias tables
+// built on the device with their parameters' gradients from the fused kernel's diagonal sums Ĝ.
+INSTANTIATE_TEST_SUITE_P(Registry, CudaModel, ::testing::ValuesIn(distinct_position_methods()),
                          [](const auto& info) { return info.param; });

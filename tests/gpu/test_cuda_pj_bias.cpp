@@ -1,4 +1,4 @@
-// The PJ-bias kernels (kernels/attention/pj_bias.*), driven through cuda/pj_bias_layer from a
+// The PJ-bias kernels (kernels/attention/pj_bias.*), driven through cuda/learned_bias from a
 // composed method as AttentionRunner would, against the CPU encoding: the [H, T] bias table
 // and every parameter gradient from random diagonal sums Ĝ, for both ρ, several sector masks
 // and orders (each of the kernels' order bounds 4, 8 and 16), and lengths that are not multiples
@@ -15,7 +15,7 @@
 #include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_device.hpp"
-#include "cuda/pj_bias_layer.hpp"
+#include "cuda/learned_bias.hpp"
 
 namespace {
 
@@ -121,10 +121,10 @@ TEST_P(CudaPjBias, TableAndGradientsMatchTheCpuEncoding) {
   ctx.train_length = kTrainLength;
   ctx.n_head = kHeads;
   ctx.head_dim = 64;
-  const auto layer = cuda::pj_bias_layer(cpu, ctx, device_param_pointers, device_grad_pointers);
+  const auto layer = cuda::LearnedBias::of(cpu.bias_plan(ctx), kHeads, device_param_pointers, device_grad_pointers);
   ASSERT_TRUE(layer.has_value());
-  const kernels::PjBiasParams& gpu = layer->params;
-  kernels::PjBiasGradients gpu_grads = layer->gradients;
+  const kernels::PjBiasParams& gpu = layer->pj_params();
+  kernels::PjBiasGradients gpu_grads = layer->pj_gradients();
   std::vector<float> want_table(std::size_t(kHeads) * T);
   for (int h = 0; h < kHeads; ++h) cpu.score_bias(ctx, h, values, want_table.data() + std::size_t(h) * T);
   DeviceBuffer table(std::vector<float>(want_table.size(), std::nanf("")));
@@ -168,7 +168,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"lightcone", {true, true, true}, 5, 700}),
     [](const auto& info) { return case_name(info.param); });
 
-TEST(CudaPjBiasLayer, FindsTheBiasOnlyInComposedMethods) {
+TEST(CudaLearnedBias, ReadsThePjBiasOfAComposedMethodFromItsPlan) {
   // Host-only: no GPU needed to describe a layer.
   PjConfig config;
   const ComposedEncoding rope_affine("rope_affine", std::make_unique<RopeEncoding>(RopeConfig{}),
@@ -179,17 +179,17 @@ TEST(CudaPjBiasLayer, FindsTheBiasOnlyInComposedMethods) {
   std::vector<float> storage(kPjParamCount);
   std::vector<float*> pointers;
   for (float& s : storage) pointers.push_back(&s);
-  const auto layer = cuda::pj_bias_layer(rope_affine, ctx, pointers);
+  const auto layer = cuda::LearnedBias::of(rope_affine.bias_plan(ctx), ctx.n_head, pointers);
   ASSERT_TRUE(layer.has_value());
-  EXPECT_EQ(layer->params.order, 3);
-  EXPECT_EQ(layer->params.train_length, 32);
-  EXPECT_FALSE(layer->params.sector_enabled[0]);
-  EXPECT_TRUE(layer->params.sector_enabled[1]);
-  EXPECT_EQ(layer->params.values[kPjLcIm], &storage[kPjLcIm]);
-  EXPECT_EQ(layer->gradients.values[0], nullptr);
+  EXPECT_EQ(layer->pj_params().order, 3);
+  EXPECT_EQ(layer->pj_params().train_length, 32);
+  EXPECT_FALSE(layer->pj_params().sector_enabled[0]);
+  EXPECT_TRUE(layer->pj_params().sector_enabled[1]);
+  EXPECT_EQ(layer->pj_params().values[kPjLcIm], &storage[kPjLcIm]);
+  EXPECT_EQ(layer->pj_gradients().values[0], nullptr);
   pointers.pop_back();
-  EXPECT_THROW(cuda::pj_bias_layer(rope_affine, ctx, pointers), std::invalid_argument);
-  EXPECT_FALSE(cuda::pj_bias_layer(NopeEncoding{}, ctx, {}).has_value());
+  EXPECT_THROW(cuda::LearnedBias::of(rope_affine.bias_plan(ctx), ctx.n_head, pointers), std::invalid_argument);
+  EXPECT_FALSE(cuda::LearnedBias::of(NopeEncoding{}.bias_plan(ctx), ctx.n_head, {}).has_value());
 }
 
 // Host-only: the backward's scratch, per head and 256-lag block, holds the partial sums of ω, the

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "cpu/cpu_backend.hpp"
+#include "attention_case.hpp"
 #include "cpu_gradient_check.hpp"
 
 using namespace pope;
@@ -15,6 +16,7 @@ using pope::test::host_tensor;
 using pope::test::numerical_gradient;
 using pope::test::random_values;
 using pope::test::weighted_sum;
+using pope::test::AttentionCase;
 
 namespace {
 
@@ -110,74 +112,6 @@ struct Variant {
   bool transform, bias;
 };
 const Variant kVariants[] = {{"plain", false, false}, {"bias only", false, true}, {"transform and bias", true, true}};
-
-// Inputs, outputs and gradients of one attention call, in host vectors of Real.
-template <class Real> struct AttentionCase {
-  int batch, seq_len, n_head, head_dim;
-  std::vector<Real> qkv, out, lse, dout, dqkv;
-  std::vector<std::vector<Real>> params, grads;
-
-  AttentionCase(const PositionEncoding& encoding, int b, int t, int h, int d, std::uint64_t seed)
-      : batch(b), seq_len(t), n_head(h), head_dim(d) {
-    const std::size_t rows = std::size_t(b) * t, channels = std::size_t(h) * d;
-    qkv = convert(random_values(rows * 3 * channels, seed));
-    dout = convert(random_values(rows * channels, seed + 1));
-    out.assign(rows * channels, Real(0));
-    lse.assign(std::size_t(b) * h * t, Real(0));
-    dqkv.assign(qkv.size(), Real(123));  // garbage: the backward must overwrite it
-    std::uint64_t param_seed = seed + 2;
-    for (const ParamSpec& spec : encoding.layer_parameters(h, d)) {
-      params.push_back(convert(random_values(std::size_t(shape_numel(spec.shape)), param_seed++, 0.5)));
-      grads.push_back(convert(random_values(params.back().size(), param_seed++)));  // accumulated onto
-    }
-  }
-  static std::vector<Real> convert(const std::vector<double>& values) { return {values.begin(), values.end()}; }
-
-  std::int64_t rows() const { return std::int64_t(batch) * seq_len; }
-  std::int64_t channels() const { return std::int64_t(n_head) * head_dim; }
-  AttentionShape shape() const { return {batch, seq_len, n_head, head_dim}; }
-  PositionContext context() const {
-    PositionContext ctx;
-    ctx.seq_len = seq_len;
-    ctx.train_length = seq_len;
-    ctx.n_head = n_head;
-    ctx.head_dim = head_dim;
-    return ctx;
-  }
-  static std::vector<Tensor> tensors(std::vector<std::vector<Real>>& values) {
-    std::vector<Tensor> result;
-    for (auto& v : values) result.push_back(host_tensor(v, {std::int64_t(v.size())}));
-    return result;
-  }
-
-  void forward(Backend& backend, const PositionEncoding& encoding) {
-    const std::vector<Tensor> param_tensors = tensors(params);
-    AttentionForward args;
-    args.shape = shape();
-    args.encoding = &encoding;
-    args.position = context();
-    args.qkv = host_tensor(qkv, {rows(), 3 * channels()});
-    args.out = host_tensor(out, {rows(), channels()});
-    args.lse = host_tensor(lse, {batch, n_head, seq_len});
-    args.position_params = param_tensors;
-    backend.attention_forward(args);
-  }
-  void backward(Backend& backend, const PositionEncoding& encoding) {
-    const std::vector<Tensor> param_tensors = tensors(params), grad_tensors = tensors(grads);
-    AttentionBackward args;
-    args.shape = shape();
-    args.encoding = &encoding;
-    args.position = context();
-    args.qkv = host_tensor(qkv, {rows(), 3 * channels()});
-    args.out = host_tensor(out, {rows(), channels()});
-    args.lse = host_tensor(lse, {batch, n_head, seq_len});
-    args.dout = host_tensor(dout, {rows(), channels()});
-    args.dqkv = host_tensor(dqkv, {rows(), 3 * channels()});
-    args.position_params = param_tensors;
-    args.position_grads = grad_tensors;
-    backend.attention_backward(args);
-  }
-};
 
 // Dense reference: the full T×T score matrix of each (batch, head), masked above the
 // diagonal, a plain softmax, out = P·V and lse per row.

@@ -61,19 +61,20 @@ TEST(Alibi, BiasTableIsMinusSlopeTimesLag) {
   for (double b : table) EXPECT_EQ(b, 0.0);
 }
 
-TEST(Alibi, DeclaresItsTableLinearWithSlopeMinusM) {
+TEST(Alibi, PlansItsTableAsLinearWithSlopeMinusM) {
   // What the GPU kernels compute instead of reading the table: the table must be slope · Δ.
   const AlibiEncoding alibi(alibi_config(0.5));
   const PositionContext ctx = make_context(50, 64, 8, 100);
+  const BiasPlan plan = alibi.bias_plan(ctx);
+  ASSERT_EQ(plan.kind, BiasKind::linear);
+  ASSERT_EQ(plan.slopes.size(), 8u);
   std::vector<double> table(50);
   for (int h = 0; h < 8; ++h) {
-    const std::optional<double> slope = alibi.linear_bias_slope(ctx, h);
-    ASSERT_TRUE(slope.has_value()) << "head " << h;
-    EXPECT_DOUBLE_EQ(*slope, -alibi.head_slopes(8)[std::size_t(h)]);
+    const double slope = plan.slopes[std::size_t(h)];
+    EXPECT_DOUBLE_EQ(slope, -alibi.head_slopes(8)[std::size_t(h)]);
     alibi.score_bias(ctx, h, ParamValues<double>{}, table.data());
-    for (int lag = 0; lag < 50; ++lag) EXPECT_DOUBLE_EQ(table[std::size_t(lag)], *slope * lag) << h << " " << lag;
+    for (int lag = 0; lag < 50; ++lag) EXPECT_DOUBLE_EQ(table[std::size_t(lag)], slope * lag) << h << " " << lag;
   }
-  EXPECT_THROW((void)alibi.linear_bias_slope(ctx, 8), std::invalid_argument);
 }
 
 TEST(Alibi, HasABiasButNoParametersAndNoTransform) {

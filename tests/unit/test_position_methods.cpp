@@ -39,7 +39,12 @@ TEST(PositionMethods, EverySpecNameIsKnown) {
                            "pj_rotary", "affine", "fj_affine", "fj_lc", "rope_affine", "full", "lc_affine", "pjrope",
                            "nope", "pope", "alibi"})
     EXPECT_NE(find_position_method(name), nullptr) << name;
-  EXPECT_EQ(find_position_method("pjrope")->pj_bias, find_position_method("full")->pj_bias);
+  EXPECT_TRUE(find_position_method("pjrope")->alias);
+  EXPECT_TRUE(find_position_method("none")->alias);
+  const auto pjrope = make_position_encoding(model_with("pjrope"));
+  const auto full = make_position_encoding(model_with("full"));
+  const BiasPlan a = pjrope->bias_plan(make_context(8, 64, 4)), b = full->bias_plan(make_context(8, 64, 4));
+  EXPECT_EQ(a.pj.sectors, b.pj.sectors);
   EXPECT_EQ(find_position_method("sinusoidal"), nullptr);
 }
 

@@ -1,6 +1,7 @@
 // A tiny, learnable token corpus and config for trainer tests (CPU, seconds).
 #pragma once
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -79,7 +80,10 @@ class TrainerRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
     Trainer::request_stop(0);
-    dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    // Parameterised tests are named "Test/param": one directory level all the same.
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = fresh_dir(name);
     config_ = tiny_run_config(dir_ / "data");
   }
   void TearDown() override {
