@@ -48,6 +48,12 @@ struct PopeConfig {
   std::string scale = "inv_sqrt_d";     // inv_sqrt_d | inv_sqrt_2d
 };
 
+// xPos (core/position_xpos.cpp): RoPE with a per-pair decay ζ_m^((t−s)/scale_base).
+struct XposConfig {
+  double base = 10000.0;           // rotation frequencies base^(−2m/d)
+  double scale_base = 512.0;       // γ of the decay
+};
+
 struct AlibiConfig {
   double head_fraction = 1.0;      // share of heads with a slope (Table 9: 0.5); the rest NoPE
 };
@@ -70,6 +76,7 @@ struct PositionConfig {
   PopeConfig pope;
   AlibiConfig alibi;
   PjConfig pj;
+  XposConfig xpos;
 };
 
 struct ModelConfig {
