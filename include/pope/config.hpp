@@ -54,6 +54,12 @@ struct XposConfig {
   double scale_base = 512.0;       // γ of the decay
 };
 
+// T5's relative-position bias (core/position_t5_bias.cpp): a learned scalar per head and lag bucket.
+struct T5BiasConfig {
+  int buckets = 32;                // B: B/2 exact lags, then B/2 log-spaced buckets
+  int max_distance = 128;          // lags from here on share the last bucket
+};
+
 struct AlibiConfig {
   double head_fraction = 1.0;      // share of heads with a slope (Table 9: 0.5); the rest NoPE
 };
@@ -77,6 +83,7 @@ struct PositionConfig {
   AlibiConfig alibi;
   PjConfig pj;
   XposConfig xpos;
+  T5BiasConfig t5_bias;
 };
 
 struct ModelConfig {
