@@ -12,6 +12,8 @@
 #   e.g. `git diff main > build/ab/change.patch` (carry build/ab to the GPU machine).
 # Env:   OUT        logs and JSON (default /tmp/pope_ab)
 #        ENCODINGS  model.position.kind values to time (default "rope pope")
+#        NEW_ENCODINGS  more values to time on new alone (encodings the base does not have)
+#        TRAIN_ENCODINGS  the values pope-bench train runs (default ENCODINGS and NEW_ENCODINGS)
 #        ROUNDS     pope-bench rounds (default 2; 0: no train rounds)
 #        LENGTHS    also pope-bench attention rounds at these T (comma-separated, e.g.
 #                   1024,4096,10240,16384; B·T = 16,384): forward and f+b ms per tree
@@ -30,6 +32,9 @@ LOGS="${OUT:-/tmp/pope_ab}"
 LENGTHS="${LENGTHS:-}"
 NCU_LENGTHS="${NCU_LENGTHS:-1024}"
 ENCODINGS="${ENCODINGS:-rope pope}"
+NEW_ENCODINGS="${NEW_ENCODINGS:-}"
+TRAIN_ENCODINGS="${TRAIN_ENCODINGS:-$ENCODINGS${NEW_ENCODINGS:+ $NEW_ENCODINGS}}"
+declare -A TREE_ENCODINGS=([base]="$ENCODINGS" [new]="$ENCODINGS${NEW_ENCODINGS:+ $NEW_ENCODINGS}")
 ROUNDS="${ROUNDS:-2}"
 CONFIG="${CONFIG:-owt_124m}"
 MICRO="${MICRO:-32}"
@@ -133,7 +138,8 @@ attention_table=""
 if [ -n "$LENGTHS" ] && [ "$DEVICE" = cuda ]; then
   for round in $(seq 1 "$(( ROUNDS > 0 ? ROUNDS : 1 ))"); do
     for tree in base new; do
-      "${BENCH[$tree]}" attention --encodings "${ENCODINGS// /,}" --lengths "$LENGTHS" \
+      encodings="${TREE_ENCODINGS[$tree]}"
+      "${BENCH[$tree]}" attention --encodings "${encodings// /,}" --lengths "$LENGTHS" \
         --json "$LOGS/attention_${tree}_$round.json" >"$LOGS/attention_${tree}_$round.txt" 2>&1 ||
         { echo "pope-bench attention $tree failed:"; tail -5 "$LOGS/attention_${tree}_$round.txt"; }
     done
@@ -163,8 +169,9 @@ fi
 
 declare -A RESULTS
 for round in $(seq 1 "$ROUNDS"); do
-  for encoding in $ENCODINGS; do
+  for encoding in $TRAIN_ENCODINGS; do
     for tree in base new; do
+      [[ " ${TREE_ENCODINGS[$tree]} " == *" $encoding "* ]] || { RESULTS["$encoding $tree"]="–"; continue; }
       json="$LOGS/train_${encoding}_${tree}_$round.json"
       "${BENCH[$tree]}" train --config "$CONFIG" --device "$DEVICE" "${BENCH_STEPS[@]}" "${SHAPE[@]}" \
         --set model.position.kind="$encoding" --json "$json" >"${json%.json}.txt" 2>&1 ||
@@ -182,6 +189,8 @@ echo
 if [ "$ROUNDS" -gt 0 ]; then
   echo "| pope-bench train $CONFIG, tok/s per round | base | new |"
   echo "|---|---|---|"
-  for encoding in $ENCODINGS; do echo "| $encoding | ${RESULTS["$encoding base"]} | ${RESULTS["$encoding new"]} |"; done
+  for encoding in $TRAIN_ENCODINGS; do
+    echo "| $encoding | ${RESULTS["$encoding base"]} | ${RESULTS["$encoding new"]} |"
+  done
 fi
 echo "GPU tests on new: $tests_summary"

@@ -25,6 +25,8 @@ RATIOS = [
     ("ALiBi / NoPE", ("alibi", "fused"), ("nope", "fused"), "≤ 1.10"),
     ("`full` / NoPE", ("full", "fused"), ("nope", "fused"), "≤ 1.10"),
     ("PJ-rotary / NoPE", ("pj_rotary", "fused"), ("nope", "fused"), ""),
+    ("xPos / RoPE", ("xpos", "fused"), ("rope", "fused"), "≤ 1.05"),
+    ("T5 bias / NoPE", ("t5_bias", "fused"), ("nope", "fused"), "≤ 1.12"),
 ]
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issues 5 and 6's attention benchmark in one call on the GPU machine: ROUNDS rounds of pope-bench
-# attention --impl both, one process per encoding (fused kernels for nope, rope, pope, alibi and
-# PJ-RoPE's full and pj_rotary, and cuDNN's fused SDPA in the same process on the same encoded
+# The attention benchmark in one call on the GPU machine: ROUNDS rounds of pope-bench attention
+# --impl both, one process per encoding (fused kernels for nope, rope, pope, alibi, PJ-RoPE's full
+# and pj_rotary, xpos and t5_bias, and cuDNN's fused SDPA in the same process on the same encoded
 # q/k, at T = 1024, 4096, 10240, 16384, d = 64, H = 12, B = ⌊16384 / T⌋), the encodings' order
 # rotated from round to round so that clock drift touches each alike; then cuDNN through PyTorch SDPA
 # (scripts/reference/attention_sdpa_bench.py, q/k 64 and 128 wide, v 64: performance.md's
@@ -13,6 +13,8 @@
 #        BUILD    build directory holding src/pope-bench (default build/release)
 #        LENGTHS  comma-separated T (default 1024,4096,10240,16384)
 #        ROUNDS   pope-bench runs (default 3)
+#        ENCODINGS  model.position.kind values, space-separated (default the list above;
+#                 `build/release/src/pope-bench attention --help` names every one)
 #        SDPA=0   skip PyTorch's SDPA (no torch on the machine)
 #        PYTHON   python with torch (default python3 on PATH, /opt/torch/.venv/bin first)
 #        BENCH_ARGS  more pope-bench attention options, e.g. --atomic-dq
@@ -33,7 +35,8 @@ PYTHON="${PYTHON:-python3}"
 mkdir -p "$LOGS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 
-encodings=(nope rope pope alibi full pj_rotary)
+# shellcheck disable=SC2206  # ENCODINGS is a list of names
+encodings=(${ENCODINGS:-nope rope pope alibi full pj_rotary xpos t5_bias})
 rounds=()
 for round in $(seq 1 "$ROUNDS"); do
   shift_by=$(( (round - 1) % ${#encodings[@]} ))

@@ -13,9 +13,10 @@
 namespace pope {
 
 struct AttentionBenchOptions {
-  // Any model.position.kind name; the default adds PJ-RoPE's `full` (bias only) and `pj_rotary`
-  // (transform only) to the paper's four (issue 6 states its target against nope).
-  std::vector<std::string> encodings{"nope", "rope", "pope", "alibi", "full", "pj_rotary"};
+  // Any model.position.kind name, or {"all"}: every method of the registry. The default: the
+  // PoPE paper's four, PJ-RoPE's `full` (bias only) and `pj_rotary` (transform only), and one
+  // encoding per other plan path: xpos (a scaled rotation) and t5_bias (lag buckets).
+  std::vector<std::string> encodings{"nope", "rope", "pope", "alibi", "full", "pj_rotary", "xpos", "t5_bias"};
   std::vector<int> lengths{1024, 4096, 10240, 16384};
   int tokens = 16384;  // B = ⌊tokens / T⌋ (T = 10240: B = 1)
   int n_head = 12;

@@ -33,6 +33,12 @@ namespace pope {
 
 namespace {
 
+// "all" stands for every method of the registry (aliases left out).
+AttentionBenchOptions expanded(AttentionBenchOptions options) {
+  if (options.encodings == std::vector<std::string>{"all"}) options.encodings = position_kinds();
+  return options;
+}
+
 void check_options(const AttentionBenchOptions& options) {
   for (const std::string& e : options.encodings)
     if (find_position_method(e) == nullptr)
@@ -234,7 +240,8 @@ AttentionBenchRow bench_one(const AttentionBenchOptions& options, const std::str
 
 }  // namespace
 
-std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptions& options) {
+std::vector<AttentionBenchRow> run_attention_benchmark(const AttentionBenchOptions& requested) {
+  const AttentionBenchOptions options = expanded(requested);
   check_options(options);
 #ifdef POPE_HAVE_CUDA
   if (cuda_device_count() == 0) throw std::runtime_error("pope-bench attention: no CUDA device found");

@@ -28,7 +28,8 @@ constexpr double kMaxSequences = 1 << 20;  // batch_size, micro_batch_size
 // count (MiB × 2^20, converted to int64) from overflowing.
 constexpr double kMaxBucketMib = 1 << 20;
 
-std::vector<std::string_view> position_kinds() {
+// Every name model.position.kind accepts, aliases included.
+std::vector<std::string_view> position_kind_values() {
   std::vector<std::string_view> kinds;
   for (const PositionMethod& method : position_methods()) kinds.push_back(method.name);
   return kinds;
@@ -44,7 +45,7 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(model.context_length), between(1, kMaxLength)},
       {POPE_CONFIG_KEY(model.norm_eps), above(0)},
       {POPE_CONFIG_KEY(model.init_std), above(0)},
-      {POPE_CONFIG_KEY(model.position.kind), any(), position_kinds()},
+      {POPE_CONFIG_KEY(model.position.kind), any(), position_kind_values()},
       {POPE_CONFIG_KEY(model.position.rope.base), above(1)},
       {POPE_CONFIG_KEY(model.position.rope.fraction), fraction()},
       {POPE_CONFIG_KEY(model.position.rope.scaling.kind), any(), {"none", "pi", "ntk", "dynamic_ntk", "yarn"}},

@@ -49,7 +49,7 @@ const std::vector<PositionMethod>& position_methods() {
   return methods;
 }
 
-std::vector<std::string> distinct_position_methods() {
+std::vector<std::string> position_kinds() {
   std::vector<std::string> names;
   for (const PositionMethod& method : position_methods())
     if (!method.alias) names.emplace_back(method.name);

@@ -48,8 +48,6 @@ struct PositionMethodRegistration {
 
 // Every method: the built-in ones in the docs' order, then the registered ones by name.
 const std::vector<PositionMethod>& position_methods();
-// position_methods() without aliases.
-std::vector<std::string> distinct_position_methods();
 // The method called `name`, or nullptr.
 const PositionMethod* find_position_method(std::string_view name);
 // "nope, rope, …" for error messages.

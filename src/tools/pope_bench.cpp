@@ -13,6 +13,7 @@
 #include "pope/bench.hpp"
 #include "pope/checkpoint.hpp"
 #include "pope/config.hpp"
+#include "pope/position.hpp"
 #include "console_log.hpp"
 #include "number_checks.hpp"
 #include "output_file.hpp"
@@ -58,6 +59,12 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
                     "tokens, targets, loss, grad.<name>) for scripts/reference/torch_gpt.py");
 }
 
+std::string joined(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
 struct AttentionCommand {
   std::string json_path;
   std::string impl = "fused";  // fused | cudnn | both → options.impls
@@ -72,11 +79,11 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
       "after --warmup calls) and print ms and TFLOP/s (causal FLOPs: forward 2·B·H·(T²/2)·(qk_width + head_dim), backward 2.5× "
       "forward). Needs a CUDA device.");
   attention->add_option("--encodings", cmd.options.encodings,
-                        "encodings to time: any model.position.kind (nope, rope, pope, alibi, full, pj_rotary, "
-                        "rope_affine, …); the PJ-bias methods need --head-dim 64 or 128, pj_rotary a head dim "
-                        "that 2(K + 1) divides")
+                        "encodings to time: any model.position.kind (" + joined(pope::position_kinds()) +
+                            "), or `all` for every one; the learned biases (PJ-bias methods, t5_bias) need "
+                            "--head-dim 64 or 128, pj_rotary a head dim that 2(K + 1) divides")
       ->delimiter(',')
-      ->default_str("nope,rope,pope,alibi,full,pj_rotary");
+      ->default_str("nope,rope,pope,alibi,full,pj_rotary,xpos,t5_bias");
   attention->add_option("--lengths", cmd.options.lengths, "sequence lengths T, each ≤ --tokens")
       ->delimiter(',')
       ->default_str("1024,4096,10240,16384");

@@ -130,7 +130,7 @@ void expect_matches_cpu(const Problem& p, const Result& gpu, const Result& cpu) 
 // Every registered method as the model builds it, then variants of their options.
 std::vector<EncodingCase> encoding_cases() {
   std::vector<EncodingCase> cases;
-  for (const std::string& kind : distinct_position_methods()) cases.push_back(case_of_kind(kind, 3, 64));
+  for (const std::string& kind : position_kinds()) cases.push_back(case_of_kind(kind, 3, 64));
   AlibiConfig half_heads;
   half_heads.head_fraction = 0.5;
   std::vector<EncodingCase> variants = {

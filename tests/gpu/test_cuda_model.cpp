@@ -174,5 +174,5 @@ TEST_F(CudaEvalLogits, Fp32LogitsMatchTheF64ReferenceWhereBf16LogitsCannot) {
 
 // Every registered method (core/position_methods.hpp): the transforms on load, the bias tables
 // built on the device with their parameters' gradients from the fused kernel's diagonal sums Ĝ.
-INSTANTIATE_TEST_SUITE_P(Registry, CudaModel, ::testing::ValuesIn(distinct_position_methods()),
+INSTANTIATE_TEST_SUITE_P(Registry, CudaModel, ::testing::ValuesIn(position_kinds()),
                          [](const auto& info) { return info.param; });

@@ -244,7 +244,7 @@ TEST_P(EncodingSuite, PlanDescribesTheCpuReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Registry, EncodingSuite, ::testing::ValuesIn(distinct_position_methods()),
+INSTANTIATE_TEST_SUITE_P(Registry, EncodingSuite, ::testing::ValuesIn(position_kinds()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Training through the Trainer: a checkpoint written and read back, and a run stopped and
@@ -258,7 +258,7 @@ TEST_P(EncodingTrainingSuite, ResumeReproducesTheUninterruptedRunExactly) {
   expect_resume_equals_uninterrupted(3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Registry, EncodingTrainingSuite, ::testing::ValuesIn(distinct_position_methods()),
+INSTANTIATE_TEST_SUITE_P(Registry, EncodingTrainingSuite, ::testing::ValuesIn(position_kinds()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
