@@ -48,6 +48,10 @@ struct AttentionGradients {
   // gradient of the bias table b_h(Δ); scratch of flash_bias_grad_partial_floats(dims) floats.
   float* bias_grad = nullptr;
   float* bias_grad_partials = nullptr;
+  // With bias_grad, > 0: Ĝ only for lags below this (entries past it are left alone), all that a
+  // bias constant beyond it needs (LearnedBias::gradient_lags); the key kernel then stops
+  // summing lags past it and the scratch shrinks to flash_bias_grad_partial_floats(dims, lags).
+  int bias_grad_lags = 0;
   // Optional (fused path, with bias_grad; set both or neither): Ĝ's reduction from the partial
   // rows runs on bias_grad_stream once the key kernel is done (the call records keys_done on its
   // stream after that kernel, and bias_grad_stream waits for it), beside the query kernel. The

@@ -607,6 +607,11 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     }
 }
 
+// Lags of Ĝ a call computes: AttentionGradients::bias_grad_lags when set, at most T; else T.
+__host__ __device__ inline int gradient_lags(const AttentionDims& dims, int requested) {
+  return requested > 0 && requested < dims.seq_len ? requested : dims.seq_len;
+}
+
 // ---------------------------------------------------------------- q/k gradients in the epilogue
 
 // Row r (0: this lane's row g, 1: g + 8) of a dq̃ or dk̃ accumulator, times `scale` (the f32 row
@@ -812,9 +817,10 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   // Lag sums: thread r < 64 carries lag 64·n + r of step n into step n + 1, which adds the
   // tile's lags below i0 − j0 to it; this CTA's partial row holds lags 0 .. T − j0 − 1.
   float carried_lag_sum = 0.0f;
-  float* partial_row = sums_lags ? grads.bias_grad_partials + (std::int64_t(head.bh) * query_blocks + key_block) * T
-                                 : nullptr;
-  const int lags_owned = T - j0;
+  const int lags = gradient_lags(dims, grads.bias_grad_lags);
+  float* partial_row =
+      sums_lags ? grads.bias_grad_partials + (std::int64_t(head.bh) * query_blocks + key_block) * lags : nullptr;
+  const int lags_owned = min(T - j0, lags);
   // Cells of the diagonal parts that no lane writes stay zero; the loop's first barrier orders
   // this before the first tile's writes.
   if (sums_lags)
@@ -900,11 +906,12 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
       for (int panel = 0; panel < kW / 64; ++panel)
         wgmma::issue_registers<kScoreSteps>(reinterpret_cast<float(&)[8][4]>(dk[8 * panel]), a_ds,
                                             q_tile + panel * kTile * 64);
-      if (sums_lags) add_lag_sums();  // while the tensor cores run
+      if (sums_lags && kTile * (step - 1) < lags_owned) add_lag_sums();  // while the tensor cores run
       wgmma::complete(dv, dk, a, a_ds);
 #endif
     } else {
-      if (sums_lags) add_lag_sums();  // (before the products: after them the d = 128 kernel spilled 40 bytes)
+      // (before the products: after them the d = 128 kernel spilled 40 bytes)
+      if (sums_lags && kTile * (step - 1) < lags_owned) add_lag_sums();
       mma_a_registers_b_columns<kScoreSteps, kDv, kDv>(dv, a, dout_tile);  // dv += Pᵀ · dout
       accumulators_to_operand(a, ds);
       mma_a_registers_b_columns<kScoreSteps, kW, kW>(dk, a, q_tile);  // dk̃ += dSᵀ · q̃ (scale at the end)
@@ -1043,18 +1050,19 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
 // batch is the divisor that splits n, the same for every lag (a multiply and a shift, where the
 // lag's own count of key blocks took a division per term).
 constexpr int kLagSumSlices = 16;
-__global__ void bias_grad_reduce_kernel(AttentionDims dims, FastDivisor batch, const float* partials,
-                                        float* bias_grad) {
+__global__ void bias_grad_reduce_kernel(AttentionDims dims, int requested_lags, FastDivisor batch,
+                                        const float* partials, float* bias_grad) {
   const int T = dims.seq_len, H = dims.n_head, h = int(blockIdx.y), key_blocks = (T + kTile - 1) / kTile;
+  const int lags = gradient_lags(dims, requested_lags);
   const int lag = int(blockIdx.x) * kWarpSize + int(threadIdx.x);
-  const int blocks = lag < T ? (T - lag + kTile - 1) / kTile : 0;  // key blocks kb with 64·kb < T − lag
-  const float* column = partials + std::int64_t(h) * key_blocks * T + lag;
-  const std::int64_t batch_stride = std::int64_t(H) * key_blocks * T;
+  const int blocks = lag < lags ? (T - lag + kTile - 1) / kTile : 0;  // key blocks kb with 64·kb < T − lag
+  const float* column = partials + std::int64_t(h) * key_blocks * lags + lag;
+  const std::int64_t batch_stride = std::int64_t(H) * key_blocks * lags;
   const float total = sliced_column_sum<kLagSumSlices>(dims.batch * blocks, [&](int n) {
     const int kb = batch.quotient(n), b = n - kb * dims.batch;
-    return column[b * batch_stride + std::int64_t(kb) * T];
+    return column[b * batch_stride + std::int64_t(kb) * lags];
   });
-  if (threadIdx.y == 0 && lag < T) bias_grad[std::int64_t(h) * T + lag] += total;
+  if (threadIdx.y == 0 && lag < lags) bias_grad[std::int64_t(h) * T + lag] += total;
 }
 
 // ---------------------------------------------------------------- query gradients (dq̃)
@@ -1313,8 +1321,8 @@ bool flash_attention_rounds_encoded_gradients(const AttentionDims& dims, bool de
   return deterministic && dims.qk_width > dims.head_dim;
 }
 
-std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims) {
-  return std::size_t(dims.batch) * dims.n_head * blocks_of(dims.seq_len) * dims.seq_len;
+std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims, int lags) {
+  return std::size_t(dims.batch) * dims.n_head * blocks_of(dims.seq_len) * std::size_t(gradient_lags(dims, lags));
 }
 
 cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAttention& in, __nv_bfloat16* out,
@@ -1349,9 +1357,10 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
   // Ĝ from the key kernel's partial rows, on grads.bias_grad_stream (after the key kernel,
   // beside the query kernel) when the caller gave one, else after everything on `stream`.
   auto reduce_bias_grad = [&](cudaStream_t on) {
-    const dim3 strips(unsigned((dims.seq_len + kWarpSize - 1) / kWarpSize), unsigned(dims.n_head));
+    const int lags = gradient_lags(dims, grads.bias_grad_lags);
+    const dim3 strips(unsigned((lags + kWarpSize - 1) / kWarpSize), unsigned(dims.n_head));
     bias_grad_reduce_kernel<<<strips, dim3(kWarpSize, kLagSumSlices), 0, on>>>(
-        dims, FastDivisor(dims.batch), grads.bias_grad_partials, grads.bias_grad);
+        dims, grads.bias_grad_lags, FastDivisor(dims.batch), grads.bias_grad_partials, grads.bias_grad);
     return cudaGetLastError();
   };
   const bool reduce_beside = bias_grad && grads.bias_grad_stream != nullptr;

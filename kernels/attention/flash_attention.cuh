@@ -36,8 +36,8 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
 bool flash_attention_rounds_encoded_gradients(const AttentionDims& dims, bool deterministic);
 
 // f32 scratch the bias gradient needs (grads.bias_grad_partials): one row of T lags per
-// (b·H + h, 64-key block).
-std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims);
+// (b·H + h, 64-key block), or of `lags` (AttentionGradients::bias_grad_lags) when that is set.
+std::size_t flash_bias_grad_partial_floats(const AttentionDims& dims, int lags = 0);
 
 // True when flash_attention_backward can apply `transform`'s backward in its kernels'
 // epilogues (AttentionGradients::qk_backward_fused): the fused kernels handle the sizes, the

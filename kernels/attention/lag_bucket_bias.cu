@@ -19,16 +19,20 @@ __global__ void table_kernel(LagBucketParams params, int seq_len, float* table) 
   }
 }
 
-// Block (b, h): its bucket's lags strided over the threads, then one block reduction.
-__global__ void backward_kernel(LagBucketParams params, int seq_len, const float* diag_grad, float* weight_grad) {
+// Block (b, h): its bucket's lags strided over the threads, then one block reduction; the last
+// bucket sums the lags below it instead and takes the negative.
+__global__ void backward_kernel(LagBucketParams params, int seq_len, int last_bucket, const float* diag_grad,
+                                float* weight_grad) {
   __shared__ float shared[kWarpSize];
   const int b = blockIdx.x, h = blockIdx.y;
-  const int first = params.bucket_starts[b], last = params.bucket_starts[b + 1];
+  if (b > last_bucket) return;  // no lag of this call falls in it
+  const bool tail = b == last_bucket;
+  const int first = tail ? 0 : params.bucket_starts[b], last = params.bucket_starts[tail ? b : b + 1];
   const float* row = diag_grad + long(h) * seq_len;
   float sum = 0.0f;
   for (int lag = first + int(threadIdx.x); lag < last; lag += blockDim.x) sum += row[lag];
   sum = block_reduce(sum, shared, SumOp{}, 0.0f);
-  if (threadIdx.x == 0 && last > first) weight_grad[long(h) * params.buckets + b] += sum;
+  if (threadIdx.x == 0) weight_grad[long(h) * params.buckets + b] += tail ? -sum : sum;
 }
 
 bool valid(const LagBucketParams& params, int seq_len) {
@@ -45,11 +49,19 @@ cudaError_t lag_bucket_bias_table(const LagBucketParams& params, int seq_len, fl
   return cudaGetLastError();
 }
 
-cudaError_t lag_bucket_bias_backward(const LagBucketParams& params, int seq_len, const float* diag_grad,
-                                     float* weight_grad, cudaStream_t stream) {
-  if (!valid(params, seq_len) || diag_grad == nullptr || weight_grad == nullptr) return cudaErrorInvalidValue;
+int lag_bucket_gradient_lags(const int* host_bucket_starts, int buckets, int last_bucket) {
+  if (last_bucket < 0 || last_bucket >= buckets) return 1;
+  const int start = host_bucket_starts[last_bucket];
+  return start > 1 ? start : 1;
+}
+
+cudaError_t lag_bucket_bias_backward(const LagBucketParams& params, int seq_len, int last_bucket,
+                                     const float* diag_grad, float* weight_grad, cudaStream_t stream) {
+  if (!valid(params, seq_len) || diag_grad == nullptr || weight_grad == nullptr || last_bucket < 0 ||
+      last_bucket >= params.buckets)
+    return cudaErrorInvalidValue;
   backward_kernel<<<dim3(unsigned(params.buckets), unsigned(params.n_head)), kThreads, 0, stream>>>(
-      params, seq_len, diag_grad, weight_grad);
+      params, seq_len, last_bucket, diag_grad, weight_grad);
   return cudaGetLastError();
 }
 

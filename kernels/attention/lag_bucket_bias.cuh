@@ -21,9 +21,17 @@ struct LagBucketParams {
 // table[h·T + Δ] = weights[h·buckets + bucket_of_lag[Δ]].
 cudaError_t lag_bucket_bias_table(const LagBucketParams& params, int seq_len, float* table, cudaStream_t stream);
 
-// ACCUMULATES weight_grad[h·buckets + b] += Σ over bucket b's lags of diag_grad[h·T + Δ]; one
-// block per (h, b) adding its lags in a fixed order, so the result is bitwise reproducible.
-cudaError_t lag_bucket_bias_backward(const LagBucketParams& params, int seq_len, const float* diag_grad,
-                                     float* weight_grad, cudaStream_t stream);
+// The lags of Ĝ lag_bucket_bias_backward reads: those below the first lag of the bucket that
+// holds lag T − 1 (at least 1). Each row of dS sums to zero (dS_ts = P_ts (dP_ts − D_t), D_t =
+// Σ_s P_ts dP_ts), so the last bucket's gradient is minus the sum of Ĝ below it, and the fused
+// attention need not sum the long tail of lags at all (AttentionGradients::bias_grad_lags).
+int lag_bucket_gradient_lags(const int* host_bucket_starts, int buckets, int last_bucket);
+
+// ACCUMULATES weight_grad[h·buckets + b] += Σ over bucket b's lags of diag_grad[h·T + Δ], and
+// for the bucket holding lag T − 1 (`last_bucket`) −Σ over the lags below it; one block per
+// (h, b) adding its lags in a fixed order, so the result is bitwise reproducible. Reads
+// diag_grad for lags below lag_bucket_gradient_lags only.
+cudaError_t lag_bucket_bias_backward(const LagBucketParams& params, int seq_len, int last_bucket,
+                                     const float* diag_grad, float* weight_grad, cudaStream_t stream);
 
 }  // namespace pope::kernels

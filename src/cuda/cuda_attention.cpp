@@ -280,11 +280,13 @@ struct AttentionRunner::Scratch {
     if (!plan.learned()) return std::nullopt;
     const int* lags = nullptr;
     const int* starts = nullptr;
+    std::vector<int> host_starts;
     if (plan.kind == BiasKind::lag_buckets) {
+      host_starts = lag_bucket_starts(plan.buckets);
       lags = bucket_of_lag.upload(plan.buckets.bucket_of_lag, stream);
-      starts = bucket_starts.upload(lag_bucket_starts(plan.buckets), stream);
+      starts = bucket_starts.upload(host_starts, stream);
     }
-    return LearnedBias::of(plan, ctx.n_head, params, grads, lags, starts);
+    return LearnedBias::of(plan, ctx.n_head, params, grads, lags, starts, host_starts);
   }
 
   // Where this call's learned-bias table comes from: built on `stream` into `kept` (the forward
@@ -478,8 +480,9 @@ void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t strea
                         "width); this call has width {}, head_dim {}",
                         dims.qk_width, dims.head_dim));
     gradients.bias_grad = bias_table_grad;
-    gradients.bias_grad_partials =
-        reserve_elements<float>(scratch_->bias_grad_partials, kernels::flash_bias_grad_partial_floats(dims));
+    gradients.bias_grad_lags = learned ? learned->gradient_lags() : 0;
+    gradients.bias_grad_partials = reserve_elements<float>(
+        scratch_->bias_grad_partials, kernels::flash_bias_grad_partial_floats(dims, gradients.bias_grad_lags));
   }
   if (args.impl == AttentionImpl::cudnn) {
     scratch_->cudnn_backward(op, dims,

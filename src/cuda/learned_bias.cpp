@@ -32,7 +32,7 @@ void check_count(std::span<float* const> pointers, std::size_t needed, const cha
 
 std::optional<LearnedBias> LearnedBias::of(const BiasPlan& plan, int n_head, std::span<float* const> params,
                                            std::span<float* const> grads, const int* bucket_of_lag,
-                                           const int* bucket_starts) {
+                                           const int* bucket_starts, const std::vector<int>& host_bucket_starts) {
   if (!plan.learned()) return std::nullopt;
   LearnedBias bias;
   bias.kind_ = plan.kind;
@@ -60,6 +60,12 @@ std::optional<LearnedBias> LearnedBias::of(const BiasPlan& plan, int n_head, std
   bias.buckets_.bucket_starts = bucket_starts;
   bias.buckets_.weights = params[index];
   bias.bucket_grad_ = grads.empty() ? nullptr : grads[index];
+  const std::vector<int>& lags = plan.buckets.bucket_of_lag;
+  if (lags.empty() || host_bucket_starts.size() != std::size_t(plan.buckets.buckets) + 1)
+    throw std::invalid_argument("learned score bias: lag buckets need the call's lag table and bucket starts");
+  bias.last_bucket_ = lags.back();
+  bias.gradient_lags_ = kernels::lag_bucket_gradient_lags(host_bucket_starts.data(), plan.buckets.buckets,
+                                                          bias.last_bucket_);
   return bias;
 }
 
@@ -75,7 +81,7 @@ std::size_t LearnedBias::backward_scratch_bytes(int seq_len) const {
 cudaError_t LearnedBias::backward(int seq_len, const float* diag_grad, void* scratch, cudaStream_t stream) const {
   if (kind_ == BiasKind::pj)
     return kernels::pj_bias_backward(pj_, seq_len, diag_grad, pj_grads_, static_cast<double*>(scratch), stream);
-  return kernels::lag_bucket_bias_backward(buckets_, seq_len, diag_grad, bucket_grad_, stream);
+  return kernels::lag_bucket_bias_backward(buckets_, seq_len, last_bucket_, diag_grad, bucket_grad_, stream);
 }
 
 std::vector<int> lag_bucket_starts(const LagBucketPlan& plan) {
