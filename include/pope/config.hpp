@@ -48,13 +48,13 @@ struct PopeConfig {
   std::string scale = "inv_sqrt_d";     // inv_sqrt_d | inv_sqrt_2d
 };
 
-// xPos (core/position_xpos.cpp): RoPE with a per-pair decay ζ_m^((t−s)/scale_base).
+// xPos (position/xpos.cpp): RoPE with a per-pair decay ζ_m^((t−s)/scale_base).
 struct XposConfig {
   double base = 10000.0;           // rotation frequencies base^(−2m/d)
   double scale_base = 512.0;       // γ of the decay
 };
 
-// T5's relative-position bias (core/position_t5_bias.cpp): a learned scalar per head and lag bucket.
+// T5's relative-position bias (position/t5_bias.cpp): a learned scalar per head and lag bucket.
 struct T5BiasConfig {
   int buckets = 32;                // B: B/2 exact lags, then B/2 log-spaced buckets
   int max_distance = 128;          // lags from here on share the last bucket
@@ -76,7 +76,7 @@ struct PjConfig {
 };
 
 struct PositionConfig {
-  // A method of the registry (core/position_methods.hpp; configs/README.md lists them).
+  // A method of the registry (position/registry.hpp; configs/README.md lists them).
   std::string kind = "pope";
   RopeConfig rope;
   PopeConfig pope;

@@ -160,7 +160,7 @@ template <class Derived> class PositionEncodingImpl : public PositionEncoding {
 };
 
 // Every value of model.position.kind once (aliases such as none = nope left out), from the
-// registry of encodings (core/position_methods.hpp): what the generic suites and the benches run.
+// registry of encodings (position/registry.hpp): what the generic suites and the benches run.
 std::vector<std::string> position_kinds();
 
 // Builds the encoding named by config.position.kind; throws ConfigError naming

@@ -24,7 +24,7 @@ struct AttentionDims {
 enum class QkTransformKind : int { identity, rope, pope, pj_rotary };
 using PopeMagnitudeKind = ::pope::MagnitudeKind;
 
-// Largest PJ-rotary jet order K (core/position_methods.hpp's kMaxPjOrder; the two must agree).
+// Largest PJ-rotary jet order K (position/registry.hpp's kMaxPjOrder; the two must agree).
 constexpr int kPjRotaryMaxOrder = 15;
 
 // The encoding's q/k transform (spec positional-encodings.md, sections 2, 3 and 5.2).

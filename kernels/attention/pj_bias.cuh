@@ -3,7 +3,7 @@
 // from the diagonal sums Ĝ_h(Δ) = Σ_batch Σ_{t−s=Δ} dS_ts that kernel produces. Plain data
 // only (no pope/*.hpp): host files (C++20) and kernels (C++17) both include it.
 //
-// Definitions are those of the CPU oracle (src/core/pj_bias_math.*): every lag is evaluated
+// Definitions are those of the CPU oracle (src/position/pj_bias_math.*): every lag is evaluated
 // in fp64 from the f32 parameters and the table stored in f32, so the GPU table equals the
 // CPU float table up to the last f32 rounding. The cost is O(H·T·K) per layer and call: at the
 // 124M shape 8.5 µs (table) and 14 µs (backward) next to ~900 µs of attention kernels.
@@ -15,7 +15,7 @@
 
 namespace pope::kernels {
 
-// Largest jet order K (core/position_methods.hpp's kMaxPjOrder; the two must agree).
+// Largest jet order K (position/registry.hpp's kMaxPjOrder; the two must agree).
 constexpr int kPjBiasMaxOrder = 15;
 
 // Slots of one layer's PJ-bias parameters, in PjBiasEncoding::layer_parameters() order.

@@ -19,7 +19,7 @@
 #include "pope/position.hpp"
 #include "pope/rng.hpp"
 #include "parameter_init.hpp"
-#include "position_methods.hpp"
+#include "position/registry.hpp"
 #ifdef POPE_HAVE_CUDA
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -15,11 +15,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config_schema.hpp"
-#include "core/position_methods.hpp"
 #include "pope/config.hpp"
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/position.hpp"
+#include "position/registry.hpp"
 
 namespace pope {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "core/position_methods.hpp"
+#include "position/registry.hpp"
 
 #include <fmt/format.h>
 

@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/position_methods.hpp"
-#include "core/pj_bias_math.hpp"
+#include "position/registry.hpp"
+#include "position/pj_bias_math.hpp"
 
 namespace pope::cuda {
 

@@ -17,12 +17,12 @@
 #include <utility>
 #include <vector>
 
-#include "core/position_encodings.hpp"
 #include "cuda/cuda_attention.hpp"
 #include "cuda/cuda_check.hpp"
 #include "pope/backend.hpp"
 #include "pope/config.hpp"
 #include "pope/position.hpp"
+#include "position/encodings.hpp"
 
 namespace pope::attention_test {
 

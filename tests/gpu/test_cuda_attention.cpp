@@ -29,8 +29,8 @@
 #include <typeinfo>
 #include <vector>
 
-#include "core/position_encodings.hpp"
-#include "core/position_methods.hpp"
+#include "position/encodings.hpp"
+#include "position/registry.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cuda/cuda_attention.hpp"
 #include "cuda/cuda_check.hpp"
@@ -151,7 +151,7 @@ std::vector<EncodingCase> variant_cases() {
   };
 }
 
-// Every registered method as the model builds it (core/position_methods.hpp), then the variants.
+// Every registered method as the model builds it (position/registry.hpp), then the variants.
 std::vector<EncodingCase> encoding_cases() {
   std::vector<EncodingCase> cases;
   for (const std::string& kind : position_kinds()) cases.push_back(case_of_kind(kind, 3, 64));

@@ -6,11 +6,11 @@
 #include <cmath>
 #include <iostream>
 
-#include "core/position_methods.hpp"
 #include "cuda/cuda_device.hpp"
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
 #include "pope/rng.hpp"
+#include "position/registry.hpp"
 #include "unit/model_shape.hpp"
 
 using namespace pope;
@@ -172,7 +172,7 @@ TEST_F(CudaEvalLogits, Fp32LogitsMatchTheF64ReferenceWhereBf16LogitsCannot) {
   EXPECT_GT(bf16_error, kTolerance) << "the bf16 path meets the tolerance too: the test no longer tells them apart";
 }
 
-// Every registered method (core/position_methods.hpp): the transforms on load, the bias tables
+// Every registered method (position/registry.hpp): the transforms on load, the bias tables
 // built on the device with their parameters' gradients from the fused kernel's diagonal sums Ĝ.
 INSTANTIATE_TEST_SUITE_P(Registry, CudaModel, ::testing::ValuesIn(position_kinds()),
                          [](const auto& info) { return info.param; });

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "attention/pj_bias.cuh"
-#include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_device.hpp"
 #include "cuda/learned_bias.hpp"
+#include "position/encodings.hpp"
 
 namespace {
 

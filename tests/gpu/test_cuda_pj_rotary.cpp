@@ -1,5 +1,5 @@
 // PJ-rotary's q/k transform on the GPU (kernels/attention/qk_transform.cu, the plan that
-// src/cuda/cuda_attention.cpp builds) against the CPU encoding (src/core/position_pj_rotary.cpp,
+// src/cuda/cuda_attention.cpp builds) against the CPU encoding (src/position/pj_rotary.cpp,
 // double): forward q̃, k̃ and the backward dq, dk from random f32 gradients, for jet orders
 // 0, 1, 2, 3 and 5 (every register bound of the kernels), head dims 8..128, odd lengths and
 // lengths that are no tile multiple, an evaluation offset (large angles) and positions far
@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "attention/qk_transform.cuh"
-#include "core/position_encodings.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_device.hpp"
 #include "cuda_op_test_support.hpp"
+#include "position/encodings.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The generic suites every registered positional encoding passes (core/position_methods.hpp:
+// The generic suites every registered positional encoding passes (position/registry.hpp:
 // one instance per method, aliases aside), so that a new encoding is tested without editing a
 // test: the attention's gradients (inputs and the encoding's parameters) against finite
 // differences in double at an awkward length, float results independent of the thread count,
@@ -18,12 +18,12 @@
 
 #include "attention_case.hpp"
 #include "core/parameter_init.hpp"
-#include "core/pj_bias_math.hpp"
-#include "core/position_methods.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu_gradient_check.hpp"
 #include "model_shape.hpp"
 #include "pope/rng.hpp"
+#include "position/pj_bias_math.hpp"
+#include "position/registry.hpp"
 #include "trainer_fixture.hpp"
 
 using namespace pope;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <optional>
 
-#include "core/position_encodings.hpp"
+#include "position/encodings.hpp"
 #include "position_test_support.hpp"
 
 using namespace pope;

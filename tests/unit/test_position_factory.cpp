@@ -4,7 +4,7 @@
 
 #include <utility>
 
-#include "core/position_encodings.hpp"
+#include "position/encodings.hpp"
 #include "position_test_support.hpp"
 
 using namespace pope;

@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "core/position_encodings.hpp"
-#include "core/position_methods.hpp"
+#include "position/encodings.hpp"
+#include "position/registry.hpp"
 #include "position_test_support.hpp"
 
 using namespace pope;

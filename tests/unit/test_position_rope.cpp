@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "core/position_encodings.hpp"
+#include "position/encodings.hpp"
 #include "position_test_support.hpp"
 
 using namespace pope;

@@ -1,4 +1,4 @@
-// T5's bucketed bias (core/position_t5_bias.cpp) beyond the generic suites: the buckets of
+// T5's bucketed bias (position/t5_bias.cpp) beyond the generic suites: the buckets of
 // T5's causal formula at its defaults, the gradient as the sum of Ĝ over a bucket's lags, and
 // the refusal of a max_distance the log-spaced buckets cannot reach.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// xPos (core/position_xpos.cpp) beyond the generic suites: the paper's decay ζ_m^((t−s)/γ) on
+// xPos (position/xpos.cpp) beyond the generic suites: the paper's decay ζ_m^((t−s)/γ) on
 // top of RoPE's rotation, scores that depend on t − s only, and calls whose scales would leave
 // the floating-point range refused.
 #include <gtest/gtest.h>

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.hpp"
-#include "core/pj_bias_math.hpp"
-#include "core/position_encodings.hpp"
+#include "position/encodings.hpp"
+#include "position/pj_bias_math.hpp"
 
 namespace pope {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "pope/position.hpp"
-#include "position_methods.hpp"
+#include "position/registry.hpp"
 
 namespace pope {
 

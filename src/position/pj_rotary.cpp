@@ -10,9 +10,9 @@
 #include <string>
 #include <string_view>
 
-#include "position_checks.hpp"
-#include "position_encodings.hpp"
-#include "position_math.hpp"
+#include "position/checks.hpp"
+#include "position/encodings.hpp"
+#include "position/math.hpp"
 
 namespace pope {
 

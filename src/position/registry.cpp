@@ -1,11 +1,11 @@
-#include "position_methods.hpp"
+#include "position/registry.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
 namespace pope {
 
-// The built-in rows (position_factory.cpp).
+// The built-in rows (builtin_methods.cpp).
 const std::vector<PositionMethod>& builtin_position_methods();
 
 namespace {

@@ -8,9 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "position_encodings.hpp"
-#include "position_methods.hpp"
-#include "rope_frequencies.hpp"
+#include "position/encodings.hpp"
+#include "position/registry.hpp"
+#include "position/rope_frequencies.hpp"
 
 namespace pope {
 

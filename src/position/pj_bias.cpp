@@ -4,9 +4,9 @@
 #include <numbers>
 #include <string>
 
-#include "position_checks.hpp"
-#include "position_encodings.hpp"
-#include "position_math.hpp"
+#include "position/checks.hpp"
+#include "position/encodings.hpp"
+#include "position/math.hpp"
 
 namespace pope {
 

@@ -15,8 +15,8 @@
 
 #include <fmt/format.h>
 
-#include "position_checks.hpp"
-#include "position_methods.hpp"
+#include "position/checks.hpp"
+#include "position/registry.hpp"
 
 namespace pope {
 

@@ -14,9 +14,9 @@
 
 #include <fmt/format.h>
 
-#include "position_checks.hpp"
-#include "position_math.hpp"
-#include "position_methods.hpp"
+#include "position/checks.hpp"
+#include "position/math.hpp"
+#include "position/registry.hpp"
 
 namespace pope {
 

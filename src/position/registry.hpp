@@ -1,7 +1,7 @@
 // The registry of positional encodings: every value of model.position.kind, with the factory
 // that builds it from a ModelConfig and the config keys it reads. The built-in methods (spec
 // of the PoPE and PJ-RoPE papers, section 5.3 for the compositions) are rows of
-// position_factory.cpp; an encoding in a file of its own registers itself there with a
+// builtin_methods.cpp; an encoding in a file of its own registers itself there with a
 // PositionMethodRegistration, so adding one edits no table elsewhere
 // (docs/adding-an-encoding.md). The config schema, the factory, the bench and the generic
 // test suites all read this one list.

@@ -3,10 +3,10 @@
 #include <cmath>
 #include <utility>
 
-#include "position_checks.hpp"
-#include "position_encodings.hpp"
-#include "position_math.hpp"
-#include "rope_frequencies.hpp"
+#include "position/checks.hpp"
+#include "position/encodings.hpp"
+#include "position/math.hpp"
+#include "position/rope_frequencies.hpp"
 
 namespace pope {
 

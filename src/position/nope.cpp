@@ -1,7 +1,7 @@
 // NoPE (spec: positional-encodings.md, section 1): it keeps every default of
 // PositionEncoding (no transform, no bias, no parameters, scale 1/√d); only its name is
 // defined here, out of line, so that its vtable has one home.
-#include "position_encodings.hpp"
+#include "position/encodings.hpp"
 
 namespace pope {
 

@@ -1,11 +1,11 @@
-#include "rope_frequencies.hpp"
+#include "position/rope_frequencies.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <string>
 
-#include "position_math.hpp"
+#include "position/math.hpp"
 
 namespace pope {
 

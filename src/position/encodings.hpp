@@ -12,10 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include "pj_bias_math.hpp"
 #include "pope/config.hpp"
 #include "pope/position.hpp"
-#include "position_methods.hpp"
+#include "position/pj_bias_math.hpp"
+#include "position/registry.hpp"
 
 namespace pope {
 

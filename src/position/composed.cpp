@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "position_encodings.hpp"
+#include "position/encodings.hpp"
 
 namespace pope {
 

@@ -1,13 +1,13 @@
 // PoPE (spec: positional-encodings.md, section 3): magnitudes from content, phases from
-// position. Layout and δ handling are documented on PopeEncoding in position_encodings.hpp.
+// position. Layout and δ handling are documented on PopeEncoding in position/encodings.hpp.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <utility>
 
-#include "position_checks.hpp"
-#include "position_encodings.hpp"
-#include "position_math.hpp"
+#include "position/checks.hpp"
+#include "position/encodings.hpp"
+#include "position/math.hpp"
 
 namespace pope {
 

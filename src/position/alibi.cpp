@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "position_checks.hpp"
-#include "position_encodings.hpp"
+#include "position/checks.hpp"
+#include "position/encodings.hpp"
 
 namespace pope {
 

@@ -1,11 +1,11 @@
-#include "pj_bias_math.hpp"
+#include "position/pj_bias_math.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
-#include "position_math.hpp"
+#include "position/math.hpp"
 
 namespace pope {
 
