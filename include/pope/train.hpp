@@ -24,7 +24,7 @@
 
 namespace pope {
 
-class RunLock;  // src/core/run_lock.hpp
+class RunLock;  // src/checkpoint/run_lock.hpp
 
 // Too many consecutive non-finite steps; the last good checkpoint is left as it was.
 class TrainingAborted : public std::runtime_error {

@@ -17,10 +17,10 @@
 #include <cmath>
 #include <vector>
 
-#include "core/attention_checks.hpp"
 #include "cpu/cpu_checks.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/cpu_parallel.hpp"
+#include "model/attention_checks.hpp"
 
 namespace pope::cpu {
 

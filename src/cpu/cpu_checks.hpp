@@ -1,8 +1,8 @@
-// Argument validation for the CPU ops: the shared checks (core/tensor_checks.hpp) for
+// Argument validation for the CPU ops: the shared checks (model/tensor_checks.hpp) for
 // tensors that must live in host memory.
 #pragma once
 
-#include "core/tensor_checks.hpp"
+#include "model/tensor_checks.hpp"
 
 namespace pope::cpu {
 

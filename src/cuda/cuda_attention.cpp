@@ -35,13 +35,13 @@
 #include "attention/causal_attention.cuh"
 #include "attention/flash_attention.cuh"
 #include "attention/qk_transform.cuh"
-#include "core/attention_checks.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_tensor_checks.hpp"
 #include "cuda/cudnn_attention.hpp"
 #include "cuda/device_scratch.hpp"
 #include "cuda/learned_bias.hpp"
 #include "cuda/side_stream.hpp"
+#include "model/attention_checks.hpp"
 
 namespace pope::cuda {
 

@@ -1,4 +1,4 @@
-#include "cuda_device.hpp"
+#include "cuda/cuda_device.hpp"
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>

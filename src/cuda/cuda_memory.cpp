@@ -1,8 +1,8 @@
-#include "cuda_memory.hpp"
+#include "cuda/cuda_memory.hpp"
 
 #include <cuda_runtime.h>
 
-#include "cuda_check.hpp"
+#include "cuda/cuda_check.hpp"
 
 namespace pope {
 

@@ -1,10 +1,10 @@
-// Argument validation for the CUDA ops: the shared checks (core/tensor_checks.hpp) for
+// Argument validation for the CUDA ops: the shared checks (model/tensor_checks.hpp) for
 // tensors that must live in device memory, and the kernels' 32-bit index limit.
 #pragma once
 
 #include <cstdint>
 
-#include "core/tensor_checks.hpp"
+#include "model/tensor_checks.hpp"
 
 namespace pope::cuda {
 

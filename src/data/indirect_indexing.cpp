@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include "core/config_schema.hpp"
+#include "config/config_schema.hpp"
 #include "pope/data.hpp"
 #include "pope/rng.hpp"
 

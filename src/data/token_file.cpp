@@ -13,7 +13,7 @@
 #include <cstring>
 #include <limits>
 
-#include "core/atomic_file.hpp"
+#include "checkpoint/atomic_file.hpp"
 #include "pope/data.hpp"
 
 namespace pope {

@@ -12,7 +12,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "core/atomic_file.hpp"
+#include "checkpoint/atomic_file.hpp"
 #include "position/encodings.hpp"
 #include "position/pj_bias_math.hpp"
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/config_schema.hpp"
+#include "config/config_schema.hpp"
 #include "pope/config.hpp"
 #include "pope/position.hpp"
 

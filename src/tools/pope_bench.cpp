@@ -14,9 +14,9 @@
 #include "pope/checkpoint.hpp"
 #include "pope/config.hpp"
 #include "pope/position.hpp"
-#include "console_log.hpp"
-#include "number_checks.hpp"
-#include "output_file.hpp"
+#include "tools/console_log.hpp"
+#include "tools/number_checks.hpp"
+#include "tools/output_file.hpp"
 
 namespace {
 

@@ -18,7 +18,7 @@
 #include "pope/corpus.hpp"
 #include "pope/data.hpp"
 #include "pope/tokenizer.hpp"
-#include "number_checks.hpp"
+#include "tools/number_checks.hpp"
 
 namespace {
 

@@ -20,9 +20,9 @@
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/pj_diagnostics.hpp"
-#include "console_log.hpp"
-#include "number_checks.hpp"
-#include "output_file.hpp"
+#include "tools/console_log.hpp"
+#include "tools/number_checks.hpp"
+#include "tools/output_file.hpp"
 
 namespace {
 

@@ -19,9 +19,9 @@
 #include "pope/model.hpp"
 #include "pope/position.hpp"
 #include "pope/train.hpp"
-#include "console_log.hpp"
-#include "number_checks.hpp"
-#include "text_checks.hpp"
+#include "tools/console_log.hpp"
+#include "tools/number_checks.hpp"
+#include "tools/text_checks.hpp"
 
 namespace {
 

@@ -7,12 +7,12 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/bench_profiling_backend.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "pope/bench.hpp"
 #include "pope/checkpoint.hpp"
 #include "pope/model.hpp"
 #include "pope/rng.hpp"
+#include "runtime/bench/bench_profiling_backend.hpp"
 #include "scratch_dir.hpp"
 
 using namespace pope;

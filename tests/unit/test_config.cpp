@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/config_schema.hpp"
+#include "config/config_schema.hpp"
 #include "pope/config.hpp"
 #include "pope/model.hpp"
 #include "pope/position.hpp"

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "attention_case.hpp"
-#include "core/parameter_init.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu_gradient_check.hpp"
+#include "model/parameter_init.hpp"
 #include "model_shape.hpp"
 #include "pope/rng.hpp"
 #include "position/pj_bias_math.hpp"

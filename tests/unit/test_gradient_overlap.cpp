@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/gradient_buckets.hpp"
+#include "model/gradient_buckets.hpp"
 #include "pope/rng.hpp"
 #include "pope/train_step.hpp"
 #include "thread_communicator.hpp"

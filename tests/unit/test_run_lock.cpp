@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "core/run_lock.hpp"
+#include "checkpoint/run_lock.hpp"
 #include "scratch_dir.hpp"
 
 using namespace pope;

@@ -6,12 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
-#include "bench_batches.hpp"
 #include "pope/backend.hpp"
 #include "pope/bench.hpp"
 #include "pope/checkpoint.hpp"
 #include "pope/model.hpp"
 #include "pope/rng.hpp"
+#include "runtime/bench/bench_batches.hpp"
 
 namespace pope {
 

@@ -12,7 +12,7 @@
 #include <limits>
 #include <set>
 
-#include "core/atomic_file.hpp"
+#include "checkpoint/atomic_file.hpp"
 #include "pope/checkpoint.hpp"
 
 namespace pope {

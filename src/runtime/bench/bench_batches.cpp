@@ -1,4 +1,4 @@
-#include "bench_batches.hpp"
+#include "runtime/bench/bench_batches.hpp"
 
 #include "pope/data.hpp"
 #include "pope/rng.hpp"

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <utility>
 
-#include "core/run_lock.hpp"
+#include "checkpoint/run_lock.hpp"
 #include "pope/distributed.hpp"
 #include "pope/train_step.hpp"
 

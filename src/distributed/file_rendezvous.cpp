@@ -6,7 +6,7 @@
 #include <sstream>
 #include <thread>
 
-#include "core/atomic_file.hpp"
+#include "checkpoint/atomic_file.hpp"
 #include "pope/distributed.hpp"
 
 namespace pope {

@@ -1,6 +1,6 @@
 // The table of config keys. Defaults are not repeated here: they are the member
 // initialisers in pope/config.hpp, and a key missing from a JSON file keeps them.
-#include "core/config_schema.hpp"
+#include "config/config_schema.hpp"
 
 #include <algorithm>
 

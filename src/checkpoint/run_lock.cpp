@@ -1,4 +1,4 @@
-#include "core/run_lock.hpp"
+#include "checkpoint/run_lock.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

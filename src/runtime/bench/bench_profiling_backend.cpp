@@ -1,4 +1,4 @@
-#include "bench_profiling_backend.hpp"
+#include "runtime/bench/bench_profiling_backend.hpp"
 
 #include <fmt/format.h>
 

@@ -14,7 +14,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "core/config_schema.hpp"
+#include "config/config_schema.hpp"
 #include "pope/config.hpp"
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"

@@ -12,7 +12,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "core/config_schema.hpp"
+#include "config/config_schema.hpp"
 #include "pope/config.hpp"
 
 namespace pope {

@@ -8,7 +8,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "core/gradient_buckets.hpp"
+#include "model/gradient_buckets.hpp"
 
 namespace pope {
 

@@ -1,4 +1,4 @@
-#include "core/atomic_file.hpp"
+#include "checkpoint/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

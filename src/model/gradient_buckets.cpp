@@ -1,4 +1,4 @@
-#include "core/gradient_buckets.hpp"
+#include "model/gradient_buckets.hpp"
 
 #include <fmt/format.h>
 

@@ -8,12 +8,12 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "bench_batches.hpp"
-#include "bench_profiling_backend.hpp"
 #include "pope/backend.hpp"
 #include "pope/bench.hpp"
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
+#include "runtime/bench/bench_batches.hpp"
+#include "runtime/bench/bench_profiling_backend.hpp"
 #ifdef POPE_HAVE_CUDA
 #include "cuda/cuda_memory.hpp"
 #endif

@@ -1,4 +1,4 @@
-#include "core/tensor_checks.hpp"
+#include "model/tensor_checks.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "parameter_init.hpp"
+#include "model/parameter_init.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "parameter_init.hpp"
+#include "model/parameter_init.hpp"
 #include "pope/rng.hpp"
 
 namespace pope {

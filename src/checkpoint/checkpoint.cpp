@@ -12,7 +12,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/atomic_file.hpp"
+#include "checkpoint/atomic_file.hpp"
 #include "pope/checkpoint.hpp"
 
 namespace pope {

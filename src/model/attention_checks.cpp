@@ -1,8 +1,8 @@
-#include "core/attention_checks.hpp"
+#include "model/attention_checks.hpp"
 
 #include <fmt/format.h>
 
-#include "core/tensor_checks.hpp"
+#include "model/tensor_checks.hpp"
 
 namespace pope::checks {
 

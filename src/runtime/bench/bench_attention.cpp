@@ -18,7 +18,7 @@
 #include "pope/config.hpp"
 #include "pope/position.hpp"
 #include "pope/rng.hpp"
-#include "parameter_init.hpp"
+#include "model/parameter_init.hpp"
 #include "position/registry.hpp"
 #ifdef POPE_HAVE_CUDA
 #include <cuda_bf16.h>
