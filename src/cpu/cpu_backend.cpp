@@ -16,6 +16,7 @@
 #include "cpu/cpu_checks.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/cpu_parallel.hpp"
+#include "model/bf16.hpp"
 
 namespace pope {
 
@@ -25,7 +26,7 @@ constexpr std::size_t kAlignment = 64;  // a cache line; also what AVX-512 loads
 
 template <class Element> void fill_as(int threads, Tensor t, Element value) {
   auto* data = static_cast<Element*>(t.data);
-  cpu::parallel_for(threads, t.numel(), [&](std::int64_t i) { data[i] = value; });
+  parallel_for(threads, t.numel(), [&](std::int64_t i) { data[i] = value; });
 }
 
 // Every CPU op has finished when it returns, so there is nothing to wait for, and the time
@@ -74,7 +75,7 @@ template <class Real> class CpuBackend final : public Backend {
       case DType::f32: fill_as(threads_, t, static_cast<float>(value)); return;
       case DType::f64: fill_as(threads_, t, value); return;
       case DType::i32: fill_as(threads_, t, static_cast<std::int32_t>(value)); return;
-      case DType::bf16: fill_as(threads_, t, cpu::float_to_bf16(static_cast<float>(value))); return;
+      case DType::bf16: fill_as(threads_, t, float_to_bf16(static_cast<float>(value))); return;
       case DType::u16: fill_as(threads_, t, static_cast<std::uint16_t>(value)); return;
     }
   }

@@ -11,10 +11,8 @@
 
 namespace pope::cpu {
 
-// cpu_convert.cpp: element conversion between f32, f64 and bf16. bf16 is the upper half
-// of an f32, rounded to nearest even (NaN stays NaN); f64 → bf16 goes through f32.
-std::uint16_t float_to_bf16(float value);
-float bf16_to_float(std::uint16_t bits);
+// cpu_convert.cpp: element conversion between f32, f64 and bf16 (model/bf16.hpp); f64 → bf16
+// goes through f32.
 void convert(int threads, Tensor dst, Tensor src);
 
 // cpu_embedding.cpp

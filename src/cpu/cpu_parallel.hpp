@@ -1,33 +1,17 @@
 // Parallel loops for the CPU backend. Every op is written so that its result does not
 // depend on how many threads run it: work is split into fixed pieces whose results never
-// mix, or partial sums over fixed chunks are combined in index order.
+// mix, or partial sums over fixed chunks are combined in index order. parallel_for itself
+// (model/parallel_for.hpp) is shared with parameter initialisation.
 #pragma once
 
 
 #include <algorithm>
 #include <cstdint>
-#include <exception>
-#include <mutex>
 #include <vector>
 
-namespace pope::cpu {
+#include "model/parallel_for.hpp"
 
-// body(i) for i in [0, n), statically scheduled on `threads` threads. An exception thrown
-// by body (e.g. from a position-encoding hook) cannot cross the OpenMP region, so the
-// first one is kept and rethrown after the loop.
-template <class Body> void parallel_for(int threads, std::int64_t n, Body&& body) {
-  std::exception_ptr first_error;
-  std::once_flag error_once;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    try {
-      body(i);
-    } catch (...) {
-      std::call_once(error_once, [&] { first_error = std::current_exception(); });
-    }
-  }
-  if (first_error) std::rethrow_exception(first_error);
-}
+namespace pope::cpu {
 
 // Σ_i term(i) over [0, n) in double, summed per fixed chunk of indices and the chunk sums
 // then added in order, so the rounding is the same for any thread count.

@@ -17,7 +17,6 @@
 
 #include "adamw.cuh"
 #include "convert.cuh"
-#include "cpu/cpu_ops.hpp"
 #include "cross_entropy.cuh"
 #include "cuda/cublaslt_matmul.hpp"
 #include "cuda/cuda_attention.hpp"
@@ -29,6 +28,7 @@
 #include "elementwise.cuh"
 #include "embedding.cuh"
 #include "fill.cuh"
+#include "model/bf16.hpp"
 #include "reduce.cuh"
 #include "rmsnorm.cuh"
 
@@ -254,7 +254,7 @@ class CudaBackend final : public Backend {
       case DType::i32: status = kernels::fill_i32(t.as<std::int32_t>(), count, std::int32_t(value), stream_); break;
       case DType::u16: status = kernels::fill_u16(t.as<std::uint16_t>(), count, std::uint16_t(value), stream_); break;
       case DType::bf16: {
-        const std::uint16_t bits = cpu::float_to_bf16(float(value));
+        const std::uint16_t bits = float_to_bf16(float(value));
         status = kernels::fill_u16(static_cast<std::uint16_t*>(t.data), count, bits, stream_);
         break;
       }

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "cpu/cpu_ops.hpp"
+#include "model/bf16.hpp"
 
 namespace pope {
 
@@ -66,7 +66,7 @@ template <class Out> std::vector<Out> to_host(Backend& backend, const Tensor& te
   } else if (tensor.dtype == DType::bf16) {
     std::vector<std::uint16_t> bits(out.size());
     backend.copy_to_host(bits.data(), tensor);
-    std::transform(bits.begin(), bits.end(), out.begin(), [](std::uint16_t b) { return Out(cpu::bf16_to_float(b)); });
+    std::transform(bits.begin(), bits.end(), out.begin(), [](std::uint16_t b) { return Out(bf16_to_float(b)); });
   } else if (tensor.dtype == DType::f32) {
     std::vector<float> narrow(out.size());
     backend.copy_to_host(narrow.data(), tensor);

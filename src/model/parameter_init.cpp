@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "cpu/cpu_parallel.hpp"
+#include "model/parallel_for.hpp"
 
 namespace pope {
 
@@ -19,7 +19,7 @@ void fill_normal(Rng& rng, double scale, std::span<double> out) {
   for (std::int64_t begin = 0; begin < n; begin += kChunk) {
     const std::int64_t count = std::min(kChunk, n - begin);
     for (std::int64_t w = 0; w < 2 * count; ++w) words[std::size_t(w)] = rng.next_u64();
-    cpu::parallel_for(threads, count, [&](std::int64_t k) {
+    parallel_for(threads, count, [&](std::int64_t k) {
       out[std::size_t(begin + k)] =
           scale * Rng::normal_from(words[std::size_t(2 * k)], words[std::size_t(2 * k + 1)]);
     });

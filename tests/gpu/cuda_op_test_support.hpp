@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "cpu/cpu_ops.hpp"
+#include "model/bf16.hpp"
 #include "pope/backend.hpp"
 
 namespace pope::test {
@@ -23,7 +23,7 @@ inline std::vector<float> random_bf16_values(std::size_t count, std::uint64_t se
   std::mt19937_64 engine(seed);
   std::normal_distribution<float> normal(0.0f, scale);
   std::vector<float> values(count);
-  for (float& v : values) v = cpu::bf16_to_float(cpu::float_to_bf16(normal(engine)));
+  for (float& v : values) v = bf16_to_float(float_to_bf16(normal(engine)));
   return values;
 }
 
@@ -40,7 +40,7 @@ inline OwnedTensor make_tensor(Backend& backend, Shape shape, DType dtype, std::
     }
     case DType::bf16: {
       std::vector<std::uint16_t> bits(values.size());
-      for (std::size_t i = 0; i < values.size(); ++i) bits[i] = cpu::float_to_bf16(values[i]);
+      for (std::size_t i = 0; i < values.size(); ++i) bits[i] = float_to_bf16(values[i]);
       backend.copy_from_host(owned.tensor, bits.data());
       break;
     }
@@ -70,7 +70,7 @@ inline std::vector<double> download(Backend& backend, const Tensor& t) {
     case DType::bf16: {
       std::vector<std::uint16_t> bits(n);
       backend.copy_to_host(bits.data(), t);
-      for (std::size_t i = 0; i < n; ++i) out[i] = cpu::bf16_to_float(bits[i]);
+      for (std::size_t i = 0; i < n; ++i) out[i] = bf16_to_float(bits[i]);
       break;
     }
     default: ADD_FAILURE() << "download: unsupported dtype " << dtype_name(t.dtype);

@@ -125,7 +125,7 @@ TEST_F(CudaOps, CopyAndConvertBetweenFloatDtypes) {
   const std::vector<double> rounded = download(*gpu_, bf16.tensor), wide = download(*gpu_, f64.tensor),
                             narrow = download(*gpu_, back.tensor);
   for (std::size_t i = 0; i < values.size(); ++i) {
-    const double expected_bf16 = cpu::bf16_to_float(cpu::float_to_bf16(values[i]));
+    const double expected_bf16 = bf16_to_float(float_to_bf16(values[i]));
     ASSERT_EQ(rounded[i], expected_bf16) << "element " << i;
     ASSERT_EQ(wide[i], double(values[i])) << "element " << i;
     ASSERT_EQ(narrow[i], expected_bf16) << "element " << i;
@@ -227,7 +227,7 @@ TEST_F(CudaOps, RmsnormForwardMatchesCpu) {
     SCOPED_TRACE(width);
     Pair x = pair({rows, width}, DType::bf16, random_bf16_values(std::size_t(rows) * width, 12, 2.0f));
     std::vector<float> gain_values = random_bf16_values(std::size_t(width), 13, 0.2f);
-    for (float& g : gain_values) g = cpu::bf16_to_float(cpu::float_to_bf16(1.0f + g));
+    for (float& g : gain_values) g = bf16_to_float(float_to_bf16(1.0f + g));
     Pair gain = pair({width}, DType::bf16, gain_values);
     Pair out = pair({rows, width}, DType::bf16, std::vector<float>(std::size_t(rows) * width, 0.0f));
     Pair rstd = pair({rows}, DType::f32, std::vector<float>(std::size_t(rows), 0.0f));
@@ -579,7 +579,7 @@ TEST_F(CudaAdamW, MatchesCpuAndLeavesPaddingAlone) {
   for (std::int64_t i = 0; i < kTotal; ++i) {
     const std::size_t k = std::size_t(i);
     if (covered[k]) {
-      ASSERT_EQ(compute[k], cpu::bf16_to_float(cpu::float_to_bf16(float(params_after[k])))) << "element " << i;
+      ASSERT_EQ(compute[k], bf16_to_float(float_to_bf16(float(params_after[k])))) << "element " << i;
     } else {
       ASSERT_EQ(params_after[k], params_before[k]) << "padding element " << i;
       ASSERT_EQ(m_after[k], m_before[k]) << "padding element " << i;
@@ -616,7 +616,7 @@ TEST_F(CudaAdamW, MatchesCpuOnArenasOffA16ByteBoundary) {
   for (std::int64_t i = 0; i < n; ++i) {
     if (i >= 65600 && i < 65603) continue;  // the gap between the segments
     const float updated = float(params_after[std::size_t(i) + 1]);
-    ASSERT_EQ(compute_after[std::size_t(i)], cpu::bf16_to_float(cpu::float_to_bf16(updated))) << "element " << i;
+    ASSERT_EQ(compute_after[std::size_t(i)], bf16_to_float(float_to_bf16(updated))) << "element " << i;
   }
 }
 
