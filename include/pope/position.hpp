@@ -162,6 +162,8 @@ template <class Derived> class PositionEncodingImpl : public PositionEncoding {
 // Every value of model.position.kind once (aliases such as none = nope left out), from the
 // registry of encodings (position/registry.hpp): what the generic suites and the benches run.
 std::vector<std::string> position_kinds();
+// One line on what `kind` is (for listings), or "" for a name that is no kind.
+std::string position_kind_summary(const std::string& kind);
 
 // Builds the encoding named by config.position.kind; throws ConfigError naming
 // "model.position.kind" for an unknown kind.

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Independent PyTorch model of pope's GPT, checked against one pope forward/backward.
 
-Written from the specs (paper-setups.md, positional-encodings.md sections 2-4, data/README.md,
-include/pope/model.hpp), not from pope's C++: token embedding -> n_layer pre-norm blocks
+Written from the papers and pope's documents (docs/encodings.md sections 1-4, 6 and 7,
+data/README.md, include/pope/model.hpp), not from pope's C++: token embedding -> n_layer pre-norm blocks
 [x += proj(attention(encode(qkv(RMSNorm(x))))); x += proj(GELU_tanh(fc(RMSNorm(x))))] -> RMSNorm
 -> tied LM head over the padded vocabulary, padded logits excluded, mean cross-entropy over the
 unmasked targets (target < 0 is masked).
@@ -15,7 +15,11 @@ error of each: ||pope - torch|| / ||torch||.
 
 Tolerances: a bf16 dump (GPU) passes with loss error <= 1e-2 and every gradient <= 5e-2; an
 f32 or f64 dump (CPU) with 1e-5 and 1e-4.
-Exit codes: 0 match, 1 mismatch, 2 unreadable dump or unsupported config, 77 PyTorch missing.
+Encodings: nope, rope (no scaling), pope, alibi, xpos, t5_bias; a dump of another
+model.position.kind exits 3, so that a caller looping over every kind tells "not implemented
+here" from a failure.
+Exit codes: 0 match, 1 mismatch, 2 unreadable dump or unsupported option, 3 encoding not
+implemented here, 77 PyTorch missing.
 Runs with PyTorch 1.13 (Debian's python3-torch, CPU) and 2.x.
 """
 import argparse
@@ -33,6 +37,8 @@ except ImportError:
 
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
+EXIT_UNIMPLEMENTED = 3
+IMPLEMENTED = ("nope", "rope", "pope", "alibi", "xpos", "t5_bias")
 TOLERANCES = {"bf16": (1e-2, 5e-2)}  # activation dtype -> (loss, gradient); anything else:
 FULL_PRECISION_TOLERANCES = (1e-5, 1e-4)
 SAFETENSORS_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "I32": (torch.int32, 4)}
@@ -40,6 +46,10 @@ SAFETENSORS_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "I32
 
 class DumpError(Exception):
     """The dump is unreadable, incomplete or describes a model this oracle does not implement."""
+
+
+class Unimplemented(DumpError):
+    """The dump's model.position.kind is not one this oracle implements."""
 
 
 # ---- reading the dump ----------------------------------------------------------------------
@@ -87,7 +97,7 @@ def require(tensors, name, shape, path):
     return tensors[name]
 
 
-# ---- positional encodings (positional-encodings.md sections 1-4) ---------------------------
+# ---- positional encodings (docs/encodings.md) ----------------------------------------------
 
 def rope_features(x, rope, positions):
     """NeoX half split over the first r = fraction*d channels: pair (x_m, x_{m+r/2}) rotated by
@@ -119,6 +129,32 @@ def pope_features(x, pope, positions, delta):
     return torch.cat([mu * torch.cos(phase), mu * torch.sin(phase)], dim=-1)
 
 
+def xpos_features(x, xpos, positions, train_length, is_key):
+    """RoPE over every pair (x_m, x_{m+d/2}), theta_m = base^(-2m/d), each pair scaled by
+    zeta_m^((p - c)/gamma) on queries and zeta_m^(-(p - c)/gamma) on keys, zeta_m = (2m/d + 0.4)/1.4,
+    c = floor(L_train / 2) (Sun et al. 2022)."""
+    d = x.shape[-1]
+    half = d // 2
+    m = torch.arange(half, dtype=x.dtype, device=x.device)
+    theta = xpos["base"] ** (-2.0 * m / d)
+    zeta = (2.0 * m / d + 0.4) / 1.4
+    exponent = (positions[:, None] - math.floor(train_length / 2)) / xpos["scale_base"]
+    scale = zeta[None, :] ** (-exponent if is_key else exponent)
+    angle = positions[:, None] * theta[None, :]
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([(x1 * cos - x2 * sin) * scale, (x1 * sin + x2 * cos) * scale], dim=-1)
+
+
+def t5_buckets(lags, buckets, max_distance):
+    """T5's causal relative-position buckets: lags below B/2 exact, then log-spaced up to
+    max_distance, every lag beyond in the last bucket (Raffel et al. 2020)."""
+    exact = buckets // 2
+    spread = torch.log(lags.clamp(min=1).double() / exact) / math.log(max_distance / exact)
+    large = (exact + (spread * (buckets - exact)).long()).clamp(max=buckets - 1)
+    return torch.where(lags < exact, lags, large)
+
+
 def alibi_slopes(n_head):
     def geometric(n):
         return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
@@ -126,10 +162,12 @@ def alibi_slopes(n_head):
     return geometric(n) + geometric(2 * n)[0::2][:n_head - n]
 
 
-def encode(q, k, position, n_head, layer_delta):
-    """Returns (q_tilde, k_tilde, softmax scale, score bias [H, T, T] or None); q, k are [B, H, T, d]."""
+def encode(q, k, position, train_length, n_head, layer):
+    """Returns (q_tilde, k_tilde, softmax scale, score bias [H, T, T] or None); q, k are [B, H, T, d];
+    `layer` maps the layer's position parameter names ("delta", "bias") to tensors."""
     kind, d, T = position["kind"], q.shape[-1], q.shape[2]
     positions = torch.arange(T, dtype=q.dtype, device=q.device)
+    lag = positions[:, None] - positions[None, :]           # t - s
     if kind == "nope":
         return q, k, 1.0 / math.sqrt(d), None
     if kind == "rope":
@@ -138,15 +176,22 @@ def encode(q, k, position, n_head, layer_delta):
     if kind == "pope":
         pope = position["pope"]
         width = 2 * d if pope["scale"] == "inv_sqrt_2d" else d
-        return pope_features(q, pope, positions, None), pope_features(k, pope, positions, layer_delta), \
+        return pope_features(q, pope, positions, None), pope_features(k, pope, positions, layer.get("delta")), \
             1.0 / math.sqrt(width), None
     if kind == "alibi":
         biased = round(position["alibi"]["head_fraction"] * n_head)
         slopes = (alibi_slopes(biased) if biased else []) + [0.0] * (n_head - biased)
-        lag = positions[:, None] - positions[None, :]       # t - s
         bias = -torch.tensor(slopes, dtype=q.dtype, device=q.device)[:, None, None] * lag[None]
         return q, k, 1.0 / math.sqrt(d), bias
-    raise DumpError(f"model.position.kind '{kind}': this oracle implements nope, rope, pope and alibi")
+    if kind == "xpos":
+        xpos = position["xpos"]
+        return xpos_features(q, xpos, positions, train_length, False), \
+            xpos_features(k, xpos, positions, train_length, True), 1.0 / math.sqrt(d), None
+    if kind == "t5_bias":
+        t5 = position["t5_bias"]
+        bucket = t5_buckets(lag.clamp(min=0).long(), t5["buckets"], t5["max_distance"])   # [T, T]
+        return q, k, 1.0 / math.sqrt(d), layer["bias"][:, bucket]                          # [H, T, T]
+    raise Unimplemented(f"model.position.kind '{kind}': this oracle implements {', '.join(IMPLEMENTED)}")
 
 
 # ---- the network ---------------------------------------------------------------------------
@@ -173,6 +218,8 @@ def parameter_shapes(model):
     """Every parameter name and shape of pope's layout (data/README.md)."""
     C, V, H, d = model["n_embd"], model["padded_vocab_size"], model["n_head"], model["n_embd"] // model["n_head"]
     position = model["position"]
+    if position["kind"] not in IMPLEMENTED:
+        raise Unimplemented(f"model.position.kind '{position['kind']}': this oracle implements {', '.join(IMPLEMENTED)}")
     has_delta = position["kind"] == "pope" and position["pope"]["learn_delta"]
     shapes = {"wte.weight": [V, C]}
     for i in range(model["n_layer"]):
@@ -181,6 +228,8 @@ def parameter_shapes(model):
                        f"layers.{i}.mlp.fc.weight": [4 * C, C], f"layers.{i}.mlp.proj.weight": [C, 4 * C]})
         if has_delta:
             shapes[f"layers.{i}.position.delta"] = [H, d]
+        if position["kind"] == "t5_bias":
+            shapes[f"layers.{i}.position.bias"] = [H, position["t5_bias"]["buckets"]]
     shapes["final_norm.weight"] = [C]
     return shapes
 
@@ -195,7 +244,8 @@ def loss_of(w, tokens, targets, model):
         h = rms_norm(x, w[p + "attn_norm.weight"], eps)
         qkv = h @ w[p + "attn.qkv.weight"].T                # [B, T, 3C]: q, k, v column blocks
         q, k, v = (qkv[..., j * C:(j + 1) * C].reshape(B, T, H, d).transpose(1, 2) for j in range(3))
-        q, k, scale, bias = encode(q, k, model["position"], H, w.get(p + "position.delta"))
+        layer = {name: w[p + "position." + name] for name in ("delta", "bias") if p + "position." + name in w}
+        q, k, scale, bias = encode(q, k, model["position"], model["context_length"], H, layer)
         y = causal_attention(q, k, v, scale, bias).transpose(1, 2).reshape(B, T, C)
         x = x + y @ w[p + "attn.proj.weight"].T
         h = rms_norm(x, w[p + "mlp_norm.weight"], eps)
@@ -251,6 +301,9 @@ def main():
         if unexpected:
             raise DumpError(f"{args.dump}: tensors this model does not have: {', '.join(unexpected)}")
         loss = loss_of(weights, tensors["tokens"].to(args.device), tensors["targets"].to(args.device), model)
+    except Unimplemented as error:
+        print(f"unimplemented: {error}", file=sys.stderr)
+        return EXIT_UNIMPLEMENTED
     except DumpError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

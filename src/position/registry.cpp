@@ -56,6 +56,11 @@ std::vector<std::string> position_kinds() {
   return names;
 }
 
+std::string position_kind_summary(const std::string& kind) {
+  const PositionMethod* method = find_position_method(kind);
+  return method == nullptr ? "" : std::string(method->summary);
+}
+
 const PositionMethod* find_position_method(std::string_view name) {
   for (const PositionMethod& method : position_methods())
     if (method.name == name) return &method;

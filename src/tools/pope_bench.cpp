@@ -142,6 +142,15 @@ int run_train(const TrainCommand& cmd) {
 
 }  // namespace
 
+// Every model.position.kind once, a tab and what it is: the list the bench scripts and the
+// PyTorch oracle's test loop over.
+int run_encodings() {
+  for (const std::string& kind : pope::position_kinds())
+    std::cout << kind << '\t' << pope::position_kind_summary(kind) << '\n';
+  std::cout.flush();
+  return std::cout ? 0 : kExitRuntime;
+}
+
 int main(int argc, char** argv) {
   pope::tools::log_to_stderr("pope-bench");
   CLI::App app{"pope-bench: benchmarks of the pope trainer."};
@@ -151,6 +160,9 @@ int main(int argc, char** argv) {
   add_train_command(app, train);
   AttentionCommand attention;
   add_attention_command(app, attention);
+  app.add_subcommand("encodings",
+                     "List every model.position.kind (aliases left out), one per line: the name, a tab, what it "
+                     "is. Scripts that run every encoding read this list.");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -160,6 +172,7 @@ int main(int argc, char** argv) {
 
   try {
     if (app.got_subcommand("attention")) return run_attention(attention);
+    if (app.got_subcommand("encodings")) return run_encodings();
     return run_train(train);
   } catch (const pope::ConfigError& e) {
     spdlog::error("config error: {}", e.what());
