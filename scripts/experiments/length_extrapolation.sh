@@ -4,8 +4,11 @@
 #      trained at 256 tokens, same budget) on data/demo;
 #   2. fine-tune both at 4× the length (1024) from their weights with pope-train --init-from:
 #      RoPE with YaRN s = 4 (demo_rope_256_ft1024_yarn.json), PoPE unchanged (demo_pope_256_ft1024.json);
-#   3. sweep perplexity on the Gutenberg books (data/pg19_demo, one file per book) at 256..2560
-#      (10× the training length) for RoPE, YaRN(ft), PoPE, PoPE+ft, and zero-shot RoPE+YaRN (s = 4).
+#   3. train the other encodings of EXTRA_KINDS (default "xpos t5_bias") with RoPE's config and
+#      budget, the kind changed, and no fine-tune;
+#   4. sweep perplexity on the Gutenberg books (data/pg19_demo, one file per book) at 256..2560
+#      (10× the training length) for RoPE, YaRN(ft), PoPE, PoPE+ft, the EXTRA_KINDS, and zero-shot
+#      RoPE+YaRN (s = 4).
 # Writes into OUT_DIR: runs/ (run directories), length_extrapolation.{csv,json}, .png when gnuplot is
 # installed (else plot the CSV elsewhere with scripts/plot_lengths.sh), commands.txt and logs/.
 #
@@ -81,6 +84,12 @@ for kind in rope pope; do
   run "train_$kind" "$BIN/pope-train" --config "configs/demo_${kind}_256.json" --out "$RUNS/$kind" \
     --device "$DEVICE" --resume auto "${TRAIN_SET[@]}"
 done
+EXTRA=()
+for kind in ${EXTRA_KINDS-xpos t5_bias}; do
+  run "train_$kind" "$BIN/pope-train" --config configs/demo_rope_256.json --set model.position.kind="$kind" \
+    --out "$RUNS/$kind" --device "$DEVICE" --resume auto "${TRAIN_SET[@]}"
+  EXTRA+=(--checkpoint "$RUNS/$kind" --label "$kind")
+done
 run train_rope_yarn_ft "$BIN/pope-train" --config configs/demo_rope_256_ft1024_yarn.json --out "$RUNS/rope_yarn_ft" \
   --init-from "$RUNS/rope" --device "$DEVICE" --resume auto "${FT_SET[@]}"
 run train_pope_ft "$BIN/pope-train" --config configs/demo_pope_256_ft1024.json --out "$RUNS/pope_ft" \
@@ -90,7 +99,7 @@ run train_pope_ft "$BIN/pope-train" --config configs/demo_pope_256_ft1024.json -
 # zero-shot YaRN on the RoPE model in a second (the scaling flags apply to every checkpoint).
 run eval_main "$BIN/pope-eval" --checkpoint "$RUNS/rope" --checkpoint "$RUNS/rope_yarn_ft" \
   --checkpoint "$RUNS/pope" --checkpoint "$RUNS/pope_ft" --label RoPE --label "YaRN(ft)" --label PoPE \
-  --label "PoPE+ft" --data data/pg19_demo --lengths "$LENGTHS" --tail 256 --device "$DEVICE" "${EVAL_SET[@]}" \
+  --label "PoPE+ft" "${EXTRA[@]}" --data data/pg19_demo --lengths "$LENGTHS" --tail 256 --device "$DEVICE" "${EVAL_SET[@]}" \
   --csv "$OUT_DIR/main.csv" --json "$OUT_DIR/main.json"
 run eval_yarn_zero_shot "$BIN/pope-eval" --checkpoint "$RUNS/rope" --label "RoPE+YaRN(s=4 zero-shot)" \
   --rope-scaling yarn --rope-factor 4 --data data/pg19_demo --lengths "$LENGTHS" --tail 256 --device "$DEVICE" \
