@@ -14,20 +14,23 @@
 // diagonal are never visited. Rows past T are zero-filled on load (by the copies) and never stored.
 // Logits live in log2 units: x = (<q̃, k̃>·scale + b_h(t − s))·log2 e, softmax via exp2.
 // The per-score code is branch-free: masks are selects after the exponential, and at W = 64 the
-// bias is a compile-time choice per call (a kernel per BiasKind), so the unrolled loops stay
-// straight-line code.
+// bias is a policy type (score_bias.cuh) fixed at compile time wherever the kernel allows, so the
+// unrolled loops stay straight-line code.
 // Whether a tile needs the mask is a compile-time choice per tile too (with_flag): most tiles
 // need none. Forward and query kernels keep scores in units of 1/scale (s + b/scale: one FFMA
 // with a bias; the wgmma ones with a table start the product from b/scale instead) and fold the
 // scale into the exponential's FFMA (exp2(s·c − max)).
 #include <cstdint>
+#include <iterator>
 #include <type_traits>
+#include <utility>
 
 #include "attention/attention_head.cuh"
 #include "attention/encoding_math.cuh"
 #include "attention/flash_attention.cuh"
 #include "attention/kernel_launch.cuh"
 #include "attention/mma_tiles.cuh"
+#include "attention/score_bias.cuh"
 #include "attention/tma.cuh"
 #include "attention/wgmma.cuh"
 #include "block_reduce.cuh"
@@ -86,23 +89,6 @@ __device__ inline float exp2_flush(float x) {
   return y;
 }
 
-// Which score bias a kernel instantiation applies, and how. The W = 64 forward and query kernels
-// are built once per kind a call can have (with_bias_kind): kNone, kTable (add the staged slot of
-// the bias table), kLinear (add slope · Δ computed from the lag: ALiBi without a table, see
-// ScoreParams::bias_slopes); each gets straight-line per-score code and registers of its own. The
-// W = 64 key kernel is one kernel with a copy of its per-score loop for each of the three
-// (kCopies, chosen per call): built per kind like the others it ran 5% (NoPE) to 8% (PJ-bias)
-// slower at T = 10,240 (build/drv/s19c.sh); copies measured 3-7% faster than a runtime flag. At W = 128
-// (kRuntime) the table is a runtime flag and there is no linear code: the copies' extra registers
-// cost CTAs per SM there, and the flag was 1% faster. Only the wgmma kernels have the linear
-// kind: in the mma.sync key kernel a linear copy more than doubled the spills (180 → 464 bytes),
-// which no GPU here could measure the cost of.
-enum class BiasKind { kNone, kTable, kLinear, kCopies, kRuntime };
-
-// Whether kernels of q/k width kW have the linear kind (or, the key kernel, copy).
-template <int kW, bool kWgmma>
-constexpr bool kLinearBias = kW == 64 && kWgmma;
-
 // body(std::true_type{}) or body(std::false_type{}) as `flag` is set: one branch, and a
 // straight-line copy of body for each value (the body tests flag.value).
 template <class Body>
@@ -111,42 +97,6 @@ __device__ __forceinline__ void with_flag(bool flag, Body&& body) {
     body(std::true_type{});
   else
     body(std::false_type{});
-}
-
-// Which bias a kBias kernel applies for `head`; kLinearCopy: whether a kCopies kernel has the
-// linear copy (kLinearBias).
-template <BiasKind kBias, bool kLinearCopy>
-struct HeadBias {
-  bool linear, table;
-  __device__ explicit HeadBias(const AttentionHead& head)
-      : linear((kBias == BiasKind::kLinear || (kBias == BiasKind::kCopies && kLinearCopy)) && head.linear_bias),
-        table(kBias != BiasKind::kNone && head.bias != nullptr && !linear) {}
-};
-
-// body(bias) with bias.table and bias.linear as `head` has them: compile-time constants, but for
-// kRuntime, whose bias.table is the head's flag (and bias.linear false).
-template <bool kTable, bool kLinear>
-struct CompileTimeBias {
-  static constexpr bool table = kTable, linear = kLinear;
-};
-struct RuntimeBias {
-  bool table;
-  static constexpr bool linear = false;
-};
-template <BiasKind kBias, bool kLinearCopy, class Body>
-__device__ __forceinline__ void with_bias(const HeadBias<kBias, kLinearCopy>& head, Body&& body) {
-  if constexpr (kBias == BiasKind::kRuntime) {
-    body(RuntimeBias{head.table});
-  } else if constexpr (kBias == BiasKind::kCopies) {
-    if (kLinearCopy && head.linear)
-      body(CompileTimeBias<false, kLinearCopy>{});
-    else if (head.table)
-      body(CompileTimeBias<true, false>{});
-    else
-      body(CompileTimeBias<false, false>{});
-  } else {
-    body(CompileTimeBias<kBias == BiasKind::kTable, kBias == BiasKind::kLinear>{});
-  }
 }
 
 // A linear bias b(Δ) = slope · Δ of one tile, in the units the kernel adds it in (`unit`: 1/scale
@@ -165,11 +115,6 @@ struct LinearBias {
   }
   __device__ float add(float x, int k) const { return fmaf(unit_slope, lag_base + float(k), x); }
 };
-
-// Whether a kernel's score accumulators start from the tile's bias slots (start_from_bias): the
-// wgmma kernels with a table, in the forward and the query kernel.
-template <bool kWgmma, BiasKind kBias>
-constexpr bool kTableInAccumulators = kWgmma && kBias == BiasKind::kTable;
 
 // A lane's score accumulators (rows lane.row(e) of 64 or 128, 64 columns) set to the tile's bias
 // slots times `unit`, for a product that adds q̃·k̃ᵀ onto them: the loads and multiplies come
@@ -316,7 +261,7 @@ __device__ void load_operand_tile_async(bf16* tile, const bf16* source, std::int
   }
 }
 
-template <int kW, int kDv, bool kWgmma, BiasKind kBias>
+template <int kW, int kDv, bool kWgmma, class Bias>
 __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
     flash_forward_kernel(AttentionDims dims, EncodedAttention in, bf16* out, float* lse,
                          const __grid_constant__ AttentionMaps maps) {
@@ -340,8 +285,8 @@ __global__ void __launch_bounds__(ForwardShape<kWgmma>::threads, 2)
   // Tile row of accumulator element e of fragment f, and column of element e of 8-column block nb.
   auto row_of = [&](int f, int e) { return warp_row0 + 16 * f + g + (e / 2) * 8; };
   auto column_of = [&](int nb, int e) { return nb * 8 + 2 * quad + (e & 1); };
-  const HeadBias<kBias, kLinearBias<kW, kWgmma>> bias_of_head(head);
-  constexpr bool kOnto = kTableInAccumulators<kWgmma, kBias>;  // the table starts the scores
+  const HeadBias<Bias, kLinearBias<kW, kWgmma>> bias_of_head(head);
+  constexpr bool kOnto = kTableInAccumulators<kWgmma, Bias>;  // the table starts the scores
   const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
@@ -775,7 +720,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
                           const __grid_constant__ AttentionMaps maps) {
   if constexpr (kWgmma) wgmma::require_wgmma_code();
   using Layout = KeyGradLayout<kW, kDv, kAtomicDq, kWgmma>;
-  constexpr BiasKind kBias = kW == 64 ? BiasKind::kCopies : BiasKind::kRuntime;
+  using Bias = BiasChoice<kW == 64 ? BiasDispatch::copies : BiasDispatch::runtime>;
   extern __shared__ __align__(16) unsigned char shared[];
   bf16* k_tile = reinterpret_cast<bf16*>(tile_memory<kWgmma>(shared));
   bf16* v_tile = k_tile + Layout::k;
@@ -794,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, key_grad_ctas_per_sm<kW, kAtomicDq>(
   const int j0 = key_block * kTile;
   const int query_blocks = (T + kTile - 1) / kTile;
   const Lane lane;
-  const HeadBias<kBias, kLinearBias<kW, kWgmma>> bias_of_head(head);
+  const HeadBias<Bias, kLinearBias<kW, kWgmma>> bias_of_head(head);
   const bool sums_lags = grads.bias_grad != nullptr;
   const float scale_log2 = in.score.scale * kLog2e;
   const bf16* dout = grads.dout + head.activation_offset(0, d);
@@ -1080,7 +1025,7 @@ struct QueryGradLayout {
 
 // wgmma (kWgmma, sm_90a, d = 64): one warpgroup; S and dP with both operands in shared memory,
 // dq̃ from dS in registers and k̃ as the N-major operand.
-template <int kW, int kDv, bool kWgmma, BiasKind kBias>
+template <int kW, int kDv, bool kWgmma, class Bias>
 __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
     flash_query_grad_kernel(AttentionDims dims, EncodedAttention in, AttentionGradients grads,
                             const __grid_constant__ AttentionMaps maps) {
@@ -1098,8 +1043,8 @@ __global__ void __launch_bounds__(kThreads, query_grad_ctas_per_sm<kW>())
   const int q_block = int(gridDim.y) - 1 - int(blockIdx.y);
   const int i0 = q_block * kTile;
   const Lane lane;
-  const HeadBias<kBias, kLinearBias<kW, kWgmma>> bias_of_head(head);
-  constexpr bool kOnto = kTableInAccumulators<kWgmma, kBias>;  // the table starts the scores
+  const HeadBias<Bias, kLinearBias<kW, kWgmma>> bias_of_head(head);
+  constexpr bool kOnto = kTableInAccumulators<kWgmma, Bias>;  // the table starts the scores
   const float scale_log2 = in.score.scale * kLog2e, inverse_scale = 1.0f / in.score.scale;
 
   auto load_keys = [&](int kb, int stage) {
@@ -1228,30 +1173,37 @@ dim3 tile_grid(const AttentionDims& dims, int rows_per_block = kTile) {
   return dim3(unsigned(dims.batch * dims.n_head), unsigned((dims.seq_len + rows_per_block - 1) / rows_per_block));
 }
 
+// launch(W, d) as integral constants for the entry of kFlashWidths that matches the call.
+template <class Launch, std::size_t... I>
+cudaError_t with_widths_of(const AttentionDims& dims, Launch& launch, std::index_sequence<I...>) {
+  cudaError_t status = cudaErrorInvalidValue;
+  const bool found = ((dims.qk_width == kFlashWidths[I].qk_width && dims.head_dim == kFlashWidths[I].head_dim &&
+                       (status = launch(std::integral_constant<int, kFlashWidths[I].qk_width>{},
+                                        std::integral_constant<int, kFlashWidths[I].head_dim>{}),
+                        true)) ||
+                      ...);
+  return found ? status : cudaErrorInvalidValue;
+}
+
 // Calls launch(std::integral_constant<int, W>, std::integral_constant<int, Dv>) for the
 // instantiated (qk_width, head_dim) pair.
 template <class Launch>
 cudaError_t with_widths(const AttentionDims& dims, Launch&& launch) {
-  using I64 = std::integral_constant<int, 64>;
-  using I128 = std::integral_constant<int, 128>;
-  if (dims.qk_width == 64 && dims.head_dim == 64) return launch(I64{}, I64{});
-  if (dims.qk_width == 128 && dims.head_dim == 64) return launch(I128{}, I64{});
-  if (dims.qk_width == 128 && dims.head_dim == 128) return launch(I128{}, I128{});
-  return cudaErrorInvalidValue;
+  return with_widths_of(dims, launch, std::make_index_sequence<std::size(kFlashWidths)>{});
 }
 
-// Calls launch(std::integral_constant<BiasKind, kind>) with the kind of bias that the call's
-// forward and query kernels of q/k width kW apply (BiasKind).
+// Calls launch(BiasChoice<…>{}) with the bias choice of the call's forward and query kernels of
+// q/k width kW: a kernel per policy at W = 64, the runtime table flag at W = 128.
 template <int kW, bool kWgmma, class Launch>
 cudaError_t with_bias_kind(const ScoreParams& score, Launch&& launch) {
-  using Kind = BiasKind;
+  using D = BiasDispatch;
   if constexpr (kW != 64) {
-    return launch(std::integral_constant<Kind, Kind::kRuntime>{});
+    return launch(BiasChoice<D::runtime>{});
   } else {
-    if (score.bias == nullptr) return launch(std::integral_constant<Kind, Kind::kNone>{});
+    if (score.bias == nullptr) return launch(BiasChoice<D::per_kernel, ScoreBias::none>{});
     if constexpr (kLinearBias<kW, kWgmma>)
-      if (score.bias_slopes != nullptr) return launch(std::integral_constant<Kind, Kind::kLinear>{});
-    return launch(std::integral_constant<Kind, Kind::kTable>{});
+      if (score.bias_slopes != nullptr) return launch(BiasChoice<D::per_kernel, ScoreBias::linear>{});
+    return launch(BiasChoice<D::per_kernel, ScoreBias::table>{});
   }
 }
 
@@ -1298,8 +1250,8 @@ cudaError_t encode_attention_maps(AttentionMaps& maps, const AttentionDims& dims
 }  // namespace
 
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in) {
-  const bool widths = (dims.qk_width == 64 && dims.head_dim == 64) || (dims.qk_width == 128 && dims.head_dim == 64) ||
-                      (dims.qk_width == 128 && dims.head_dim == 128);
+  bool widths = false;
+  for (const FlashWidths& w : kFlashWidths) widths = widths || (dims.qk_width == w.qk_width && dims.head_dim == w.head_dim);
   // in.score.scale > 0: the forward takes row maxima of unscaled scores. Grid y: a head's row
   // blocks, and the heads in the reduction of Ĝ's partial rows.
   return widths && in.score.scale > 0.0f && dims.batch > 0 && dims.n_head > 0 && dims.seq_len > 0 &&
@@ -1337,7 +1289,7 @@ cudaError_t flash_attention_forward(const AttentionDims& dims, const EncodedAtte
       if (encoded != cudaSuccess) return encoded;
     }
     return with_bias_kind<kW, kWgmma>(in.score, [&](auto bias) {
-      return launch_with_shared<flash_forward_kernel<kW, kDv, kWgmma, decltype(bias)::value>>(
+      return launch_with_shared<flash_forward_kernel<kW, kDv, kWgmma, decltype(bias)>>(
           tile_grid(dims, kForwardRows), ForwardShape<kWgmma>::threads, ForwardLayout<kW, kDv, kWgmma>::bytes, stream,
           dims, in, out, lse, maps);
     });
@@ -1395,7 +1347,7 @@ cudaError_t flash_attention_backward(const AttentionDims& dims, const EncodedAtt
     if (keys == cudaSuccess) keys = after_keys();
     if (keys != cudaSuccess) return keys;
     return with_bias_kind<kW, kWgmma>(in.score, [&](auto bias) {
-      return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma, decltype(bias)::value>>(
+      return launch_with_shared<flash_query_grad_kernel<kW, kDv, kWgmma, decltype(bias)>>(
           tile_grid(dims), kThreads, QueryGradLayout<kW, kDv, kWgmma>::bytes, stream, dims, in, grads, maps);
     });
   });

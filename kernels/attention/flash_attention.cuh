@@ -22,6 +22,14 @@
 
 namespace pope::kernels {
 
+// The (q/k width W, head dim d) pairs the fused kernels are built for: this list instantiates
+// them (flash_attention.cu's with_widths), decides flash_attention_supports and drives the tests.
+struct FlashWidths {
+  int qk_width;
+  int head_dim;
+};
+inline constexpr FlashWidths kFlashWidths[] = {{64, 64}, {128, 64}, {128, 128}};
+
 // True when the fused kernels handle these sizes, the softmax scale is positive (it always is for
 // the encodings here) and the tensors are 16-byte aligned.
 bool flash_attention_supports(const AttentionDims& dims, const EncodedAttention& in);

@@ -644,8 +644,12 @@ TEST_P(FlashKernels, MatchDenseReferenceWithBiasTableWhenTheMaximumKeepsMoving) 
   expect_flash_matches_reference(p, deterministic);
 }
 
-// (qk_width, head_dim) pairs the fused kernels are instantiated for.
-const std::vector<std::pair<int, int>> kFlashWidths{{64, 64}, {128, 64}, {128, 128}};
+// (qk_width, head_dim) pairs the fused kernels are instantiated for (kernels::kFlashWidths).
+std::vector<std::pair<int, int>> flash_widths() {
+  std::vector<std::pair<int, int>> widths;
+  for (const kernels::FlashWidths& w : kernels::kFlashWidths) widths.emplace_back(w.qk_width, w.head_dim);
+  return widths;
+}
 
 std::string flash_case_name(const ::testing::TestParamInfo<std::tuple<std::pair<int, int>, int, bool>>& info) {
   const std::pair<int, int> widths = std::get<0>(info.param);
@@ -654,7 +658,7 @@ std::string flash_case_name(const ::testing::TestParamInfo<std::tuple<std::pair<
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, FlashKernels,
-                         ::testing::Combine(::testing::ValuesIn(kFlashWidths), ::testing::Values(1, 63, 64, 65, 200),
+                         ::testing::Combine(::testing::ValuesIn(flash_widths()), ::testing::Values(1, 63, 64, 65, 200),
                                             ::testing::Bool()),
                          flash_case_name);
 
