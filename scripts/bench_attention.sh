@@ -4,7 +4,7 @@
 # and pj_rotary, xpos and t5_bias, and cuDNN's fused SDPA in the same process on the same encoded
 # q/k, at T = 1024, 4096, 10240, 16384, d = 64, H = 12, B = ⌊16384 / T⌋), the encodings' order
 # rotated from round to round so that clock drift touches each alike; then cuDNN through PyTorch SDPA
-# (scripts/reference/attention_sdpa_bench.py, q/k 64 and 128 wide, v 64: performance.md's
+# (scripts/reference/attention_sdpa_bench.py, q/k 64 and 128 wide, v 64: docs/benchmarks.md's
 # anchors); last, scripts/attention_table.py's tables: median forward+backward ms per encoding and
 # implementation, and the ratios the targets are stated in.
 #

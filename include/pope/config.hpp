@@ -64,7 +64,7 @@ struct AlibiConfig {
   double head_fraction = 1.0;      // share of heads with a slope (Table 9: 0.5); the rest NoPE
 };
 
-// PJ-RoPE (spec positional-encodings.md, section 5): the PJ-bias options and the PJ-rotary
+// PJ-RoPE (docs/encodings.md, section 5): the PJ-bias options and the PJ-rotary
 // transform options. Which bias sectors are on follows from model.position.kind.
 struct PjConfig {
   int order = 3;                      // jet order K of the PJ-bias (orders 0..K)
@@ -100,7 +100,7 @@ struct ModelConfig {
   int head_dim() const { return n_embd / n_head; }
 };
 
-// The synthetic indirect-indexing task (paper-setups.md): examples are a pure function of
+// The synthetic indirect-indexing task (the PoPE paper's setup): examples are a pure function of
 // (seed, split, index), so no split is ever stored.
 struct IndirectIndexingConfig {
   std::uint64_t seed = 0;          // the data set itself; train.seed only orders the training draws

@@ -4,7 +4,7 @@
 //   lengths      perplexity versus window length         (eval_lengths.cpp)
 //   reports      console table, CSV, JSON, PNG plot       (eval_report.cpp, eval_plot.cpp)
 //
-// Window protocol (paper-setups.md, PG-19): every token file is one book; a length-L window
+// Window protocol (the PoPE paper's PG-19 protocol): every token file is one book; a length-L window
 // holds L inputs and the L next tokens as targets, window w of a file covering tokens
 // [w·L, w·L + L + 1) — the trainer's validation windows (SequentialWindowSampler), so that
 // an evaluation at L = train.seq_len reproduces the logged validation loss. Each book's

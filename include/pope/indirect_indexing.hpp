@@ -1,4 +1,4 @@
-// The indirect-indexing task of the PoPE paper (paper-setups.md, "Indirect indexing"): given
+// The indirect-indexing task of the PoPE paper (the PoPE paper's "Indirect indexing" setup): given
 // a string of distinct letters, one of its characters and a signed shift, name the character
 // that sits `shift` places from it.  One example, as text and as the model sees it:
 //

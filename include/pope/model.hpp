@@ -1,4 +1,4 @@
-// The GPT of paper-setups.md, written once over the Backend op set:
+// The GPT of the PoPE paper's setups, written once over the Backend op set:
 //   token embedding → n_layer × [x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x))] → RMSNorm → tied LM head.
 // Attention carries the configured positional encoding; the MLP is d → 4d → d with GELU (tanh);
 // no biases; the vocabulary is padded and padded logits are excluded from the loss.

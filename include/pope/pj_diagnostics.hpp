@@ -1,4 +1,4 @@
-// Diagnostics of a trained PJ-bias (spec positional-encodings.md, section 5.4), per layer
+// Diagnostics of a trained PJ-bias (docs/encodings.md, section 5.4), per layer
 // and head, with means over heads (per layer and over the whole model):
 //   - sector gates (g_FJ, g_A, g_LC);
 //   - effective mass per order m_r = g_FJ·α_r·|ζ_r| + g_LC·α'_r·|ζ'_r|, its normalised form

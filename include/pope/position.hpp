@@ -1,4 +1,4 @@
-// Positional encodings behind one interface (spec: positional-encodings.md, section 6).
+// Positional encodings behind one interface (spec: docs/encodings.md, section 8).
 // Per layer an encoding is
 //   (a) an optional transform of each head's q and k rows (may change the QK width:
 //       PoPE makes them 2d wide), applied separately to queries and keys,

@@ -27,7 +27,7 @@ using PopeMagnitudeKind = ::pope::MagnitudeKind;
 // Largest PJ-rotary jet order K (position/registry.hpp's kMaxPjOrder; the two must agree).
 constexpr int kPjRotaryMaxOrder = 15;
 
-// The encoding's q/k transform (spec positional-encodings.md, sections 2, 3 and 5.2).
+// The encoding's q/k transform (docs/encodings.md, sections 2, 3 and 5.2).
 struct QkTransformParams {
   QkTransformKind kind = QkTransformKind::identity;
   int position_offset = 0;              // absolute position of row 0

@@ -1,5 +1,5 @@
 // The positional encodings' per-channel math on the device, in fp32 (spec
-// positional-encodings.md, sections 2, 3 and 5.2; CPU reference in src/position/rope.cpp,
+// docs/encodings.md, sections 2, 3 and 5.2; CPU reference in src/position/rope.cpp,
 // pope.cpp and pj_rotary.cpp). Small __device__ functions so that the simple attention path
 // (qk_transform.cu) and a fused attention kernel evaluate exactly the same formulas.
 #pragma once

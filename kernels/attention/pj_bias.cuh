@@ -1,4 +1,4 @@
-// The PJ-bias on the GPU (spec positional-encodings.md, section 5.1): the per-head bias
+// The PJ-bias on the GPU (docs/encodings.md, section 5.1): the per-head bias
 // table b_h(Δ) a fused attention kernel adds to its scores, and the parameter gradients
 // from the diagonal sums Ĝ_h(Δ) = Σ_batch Σ_{t−s=Δ} dS_ts that kernel produces. Plain data
 // only (no pope/*.hpp): host files (C++20) and kernels (C++17) both include it.

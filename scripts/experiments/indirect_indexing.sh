@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The indirect-indexing reproduction (paper-setups.md): trains every (encoding, seed) pair
+# The indirect-indexing reproduction (the PoPE paper's setup): trains every (encoding, seed) pair
 # concurrently on one GPU machine (runs spread round-robin over its GPUs; the 25M-parameter
 # model leaves one H200 mostly idle, so several runs share a GPU), then writes
 #   OUT/<encoding>_seed<seed>/     run directory (config, metrics.jsonl, train.log, checkpoints)

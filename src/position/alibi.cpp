@@ -1,4 +1,4 @@
-// ALiBi (spec: positional-encodings.md, section 4): a fixed linear score bias per head.
+// ALiBi (docs/encodings.md, section 4): a fixed linear score bias per head.
 #include <algorithm>
 #include <bit>
 #include <cmath>

@@ -1,4 +1,4 @@
-// The concrete positional encodings (spec: positional-encodings.md, sections 1-4). The
+// The concrete positional encodings (docs/encodings.md, sections 1-4). The
 // factory (make_position_encoding) builds them from a ModelConfig; tests construct them
 // directly with explicit options. Each implements the templated hooks that
 // PositionEncodingImpl forwards its float/double virtuals to; the templates are defined and

@@ -1,4 +1,4 @@
-// PJ-bias (spec: positional-encodings.md, section 5.1): parameters, their init modes, the
+// PJ-bias (docs/encodings.md, section 5.1): parameters, their init modes, the
 // bias table and its backward from the diagonal sums. The math itself is pj_bias_math.
 #include <cmath>
 #include <numbers>

@@ -1,4 +1,4 @@
-// The PJ-bias b_h(Δ) of one head (spec positional-encodings.md, section 5.1), in double:
+// The PJ-bias b_h(Δ) of one head (docs/encodings.md, section 5.1), in double:
 // resolving the raw parameters (softmax gates and order weights, softplus damping and
 // slope), evaluating every term at one lag, and the closed-form parameter gradients.
 // PjBiasEncoding builds its bias table and backward from these, and the diagnostics read

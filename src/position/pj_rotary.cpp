@@ -1,4 +1,4 @@
-// PJ-rotary (spec: positional-encodings.md, section 5.2): per block a shear by the jet
+// PJ-rotary (docs/encodings.md, section 5.2): per block a shear by the jet
 // matrix exp(±c_p N) and a rotation by ω_m·p of all K+1 complex channels.
 //   query  y_r = Σ_{t ≥ r} c^{t−r}/(t−r)! · z_t        (exp(cN))
 //   key    y_r = Σ_{t ≤ r} (−c)^{r−t}/(r−t)! · z_t     (exp(−cNᵀ))

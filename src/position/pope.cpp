@@ -1,4 +1,4 @@
-// PoPE (spec: positional-encodings.md, section 3): magnitudes from content, phases from
+// PoPE (docs/encodings.md, section 3): magnitudes from content, phases from
 // position. Layout and δ handling are documented on PopeEncoding in position/encodings.hpp.
 #include <algorithm>
 #include <cmath>

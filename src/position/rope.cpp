@@ -1,4 +1,4 @@
-// RoPE (spec: positional-encodings.md, section 2): NeoX half-split rotation of the first
+// RoPE (docs/encodings.md, section 2): NeoX half-split rotation of the first
 // r channels of each head's q and k rows. Backward rotates the gradient back by −angle.
 #include <cmath>
 #include <utility>

@@ -1,4 +1,4 @@
-// RoPE's frequency table and its context-extension scalings (spec: positional-encodings.md,
+// RoPE's frequency table and its context-extension scalings (docs/encodings.md,
 // section 2). Every scaling is expressed as a change of the per-pair frequencies θ'_m, so
 // positions are always the plain absolute positions and one rotation routine serves all:
 //   none         θ_m = base^(−2m/r)                      (r = rotating channels; r = d by default)

@@ -49,7 +49,7 @@ std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab) {
 }  // namespace
 
 TEST(ModelLayout, PaperParameterCounts) {
-  // paper-setups.md: 123.5M, 252.8M, 772.1M with tied embeddings, vocabulary 50257 — the
+  // the PoPE paper: 123.5M, 252.8M, 772.1M with tied embeddings, vocabulary 50257 — the
   // weight matrices; the norm gains (2·n_layer + 1)·C and PoPE's δ come on top.
   const struct { int C, H, L; double millions; } cases[] = {{768, 12, 12, 123.5}, {1024, 16, 16, 252.8},
                                                             {1280, 20, 36, 772.1}};

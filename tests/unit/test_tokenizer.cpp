@@ -1,4 +1,4 @@
-// The GPT-2 tokenizer against tiktoken's ids: the edge cases of data-sources.md, the 64 r50k
+// The GPT-2 tokenizer against tiktoken's ids: the edge cases of data/README.md, the 64 r50k
 // vectors of gpt-tokenizer@4.0.0, whole-book hashes; and its behaviour on invalid input.
 // Needs the files of scripts/fetch_tokenizer.sh (scripts/test.sh runs it first); without them
 // these tests are skipped with a message saying so.
