@@ -1,5 +1,5 @@
-# Copied unchanged from the project's shared benchmark script ../shared/bench/torch_gpt_anchor.py
-# (the PyTorch anchor, docs/benchmarks.md); scripts/bench_gpu.sh runs it beside pope-bench.
+# The PyTorch anchor of docs/benchmarks.md, kept unchanged so that its numbers stay comparable;
+# scripts/bench_gpu.sh runs it beside pope-bench.
 # Anchor: what a user would pick instead of a C++ trainer — a nanoGPT-style
 # PyTorch GPT (RMSNorm, GELU MLP, tied embeddings) with torch.compile, bf16
 # autocast, fused AdamW and SDPA attention. Measures training tokens/s for
