@@ -22,6 +22,7 @@
 #include "model/parameter_init.hpp"
 #include "model_shape.hpp"
 #include "pope/rng.hpp"
+#include "position_test_support.hpp"
 #include "position/pj_bias_math.hpp"
 #include "position/registry.hpp"
 #include "trainer_fixture.hpp"
@@ -190,20 +191,9 @@ TEST_P(EncodingSuite, PlanDescribesTheCpuReference) {
           plan.transform.delta_param < 0 ? nullptr : params[std::size_t(plan.transform.delta_param)] + h * kHeadDim;
       const auto want = planned_transform(plan.transform, ctx, x, width, is_key, delta);
       if (!want) continue;
-      std::vector<double> got(want->size());
-      if (!encoding->transforms_qk()) {
-        got = x;
-      } else {
-        QkTransformArgs<double> args;
-        args.ctx = &ctx;
-        args.head = h;
-        args.is_key = is_key;
-        args.x = x.data();
-        args.x_stride = kHeadDim;
-        args.y = got.data();
-        args.params = params;
-        encoding->transform_qk(args);
-      }
+      const std::vector<double> got =
+          encoding->transforms_qk() ? pope::testing::transform_rows(*encoding, ctx, h, is_key, x, kHeadDim, c.params) : x;
+      ASSERT_EQ(got.size(), want->size());
       for (std::size_t i = 0; i < got.size(); ++i)
         ASSERT_NEAR(got[i], (*want)[i], 1e-12 * std::max(1.0, std::abs((*want)[i])))
             << (is_key ? "key" : "query") << " head " << h << " element " << i;
