@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "pope/config.hpp"  // AttentionImpl
 #include "pope/position.hpp"
 #include "pope/tensor.hpp"
 
@@ -36,14 +37,6 @@ struct AttentionShape {
   int head_dim = 0;
 };
 
-// Which implementation computes the causal attention of the encoded q̃, k̃ (attention.impl):
-// ours (the fused kernels, or the simple ones for other widths), or cuDNN's fused SDPA as a
-// comparator (CUDA backend, encodings without a score bias). The encodings' transforms are ours
-// either way. The CPU backend has only its reference and refuses `cudnn`.
-enum class AttentionImpl { fused, cudnn };
-// "fused" / "cudnn"; attention_impl_from_name throws std::invalid_argument for other names.
-std::string_view attention_impl_name(AttentionImpl impl);
-AttentionImpl attention_impl_from_name(std::string_view name);
 
 struct AttentionForward {
   AttentionShape shape;
@@ -273,11 +266,11 @@ std::vector<float> tensor_to_host_f32(Backend& backend, const Tensor& tensor);
 std::vector<double> tensor_to_host_f64(Backend& backend, const Tensor& tensor);
 void tensor_from_host_f32(Backend& backend, const Tensor& tensor, std::span<const float> values);
 
-// Backend factory: "cpu", "cuda" or "auto" (CUDA when a GPU is present, else CPU).
+// Backend factory: cpu, cuda or automatic (CUDA when a GPU is present, else CPU).
 // precision "float" | "double" selects the CPU backend's Real; cuda_device the GPU (a
 // data-parallel rank's local rank, taken modulo the visible devices so that a rank that sees
 // only its own GPU uses it). Throws std::runtime_error when CUDA is asked for but unavailable.
-std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision = "float",
+std::unique_ptr<Backend> make_backend(DeviceChoice device, const std::string& cpu_precision = "float",
                                       int threads = 0, int cuda_device = 0);
 bool cuda_available();
 

@@ -3,13 +3,18 @@
 // written back (resolved) into the run directory.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
+
+#include "pope/config_values.hpp"
+#include "pope/named_enum.hpp"
 
 namespace pope {
 
@@ -26,8 +31,40 @@ class ConfigError : public std::runtime_error {
   std::string message_;
 };
 
+// The spellings of the named config values (pope/config_values.hpp), in enum order.
+template <> struct EnumNames<RopeScalingKind> {
+  static constexpr std::array<std::string_view, 5> names{"none", "pi", "ntk", "dynamic_ntk", "yarn"};
+};
+template <> struct EnumNames<MagnitudeKind> {
+  static constexpr std::array<std::string_view, 3> names{"softplus", "identity", "relu"};
+};
+template <> struct EnumNames<DeltaInit> {
+  static constexpr std::array<std::string_view, 2> names{"zero", "uniform"};
+};
+template <> struct EnumNames<PopeScale> {
+  static constexpr std::array<std::string_view, 2> names{"inv_sqrt_d", "inv_sqrt_2d"};
+};
+template <> struct EnumNames<PjRho> {
+  static constexpr std::array<std::string_view, 2> names{"linear", "lightcone"};
+};
+template <> struct EnumNames<PjGateInit> {
+  static constexpr std::array<std::string_view, 4> names{"affine", "uniform", "alibi", "zero"};
+};
+template <> struct EnumNames<DataKind> {
+  static constexpr std::array<std::string_view, 2> names{"tokens", "indirect_indexing"};
+};
+template <> struct EnumNames<LrSchedule> {
+  static constexpr std::array<std::string_view, 3> names{"cosine", "linear", "constant"};
+};
+template <> struct EnumNames<DeviceChoice> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "cpu", "cuda"};
+};
+template <> struct EnumNames<AttentionImpl> {
+  static constexpr std::array<std::string_view, 2> names{"fused", "cudnn"};
+};
+
 struct RopeScalingConfig {
-  std::string kind = "none";       // none | pi | ntk | dynamic_ntk | yarn
+  RopeScalingKind kind = RopeScalingKind::none;
   double factor = 1.0;             // s; for dynamic_ntk computed per length, this is ignored
   double yarn_alpha = 1.0;         // YaRN ramp start (in rotations over the training length)
   double yarn_beta = 32.0;         // YaRN ramp end
@@ -42,10 +79,10 @@ struct RopeConfig {
 
 struct PopeConfig {
   double base = 10000.0;
-  std::string magnitude = "softplus";   // softplus | identity | relu  (Table 5 ablations)
+  MagnitudeKind magnitude = MagnitudeKind::softplus;
   bool learn_delta = true;              // false: the "no δ" ablation (δ ≡ 0, no parameter)
-  std::string delta_init = "zero";      // zero | uniform   (uniform: U(−2π, 0))
-  std::string scale = "inv_sqrt_d";     // inv_sqrt_d | inv_sqrt_2d
+  DeltaInit delta_init = DeltaInit::zero;  // uniform: U(−2π, 0)
+  PopeScale scale = PopeScale::inv_sqrt_d;
 };
 
 // xPos (position/xpos.cpp): RoPE with a per-pair decay ζ_m^((t−s)/scale_base).
@@ -68,8 +105,8 @@ struct AlibiConfig {
 // transform options. Which bias sectors are on follows from model.position.kind.
 struct PjConfig {
   int order = 3;                      // jet order K of the PJ-bias (orders 0..K)
-  std::string rho = "linear";         // linear | lightcone   (affine sector's ρ(Δ))
-  std::string gate_init = "affine";   // affine | uniform | alibi | zero
+  PjRho rho = PjRho::linear;        // the affine sector's ρ(Δ)
+  PjGateInit gate_init = PjGateInit::affine;
   int rotary_order = 1;               // jet order K of PJ-rotary (0 = RoPE, adjacent pairs)
   double rotary_eta = 1.0;            // shear rate η: c_p = η·p/L_train
   double rotary_base = 10000.0;       // block frequencies base^(−m/M)
@@ -114,7 +151,7 @@ struct IndirectIndexingConfig {
 };
 
 struct DataConfig {
-  std::string kind = "tokens";     // tokens | indirect_indexing
+  DataKind kind = DataKind::tokens;
   std::string train = "";          // token file (llm.c shard or nanoGPT .bin), directory or glob
   std::string val = "";            // empty: no validation
   IndirectIndexingConfig indirect_indexing;
@@ -124,7 +161,7 @@ struct OptimConfig {
   double lr = 6e-4;
   double min_lr = 6e-5;
   int warmup_steps = 1000;
-  std::string schedule = "cosine";  // cosine | linear | constant  (after warmup)
+  LrSchedule schedule = LrSchedule::cosine;  // after warmup
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
@@ -155,14 +192,14 @@ struct TrainConfig {
                                    // the backward; 0: one all-reduce after it
   int zero_stage = 0;              // data parallel: 1 shards the optimizer state over the ranks (ZeRO-1)
   bool phase_timing = false;       // log each window's mean device time per step phase (eager steps)
-  std::string device = "auto";     // auto | cpu | cuda
+  DeviceChoice device = DeviceChoice::automatic;
   int threads = 0;                 // CPU threads; 0: all cores; at most kMaxThreads
 };
 
 struct AttentionConfig {
   // fused | cudnn: who computes the causal attention of the encoded q̃, k̃ on the GPU; cudnn is
   // cuDNN's fused SDPA, a comparator for encodings without a score bias (configs/README.md).
-  std::string impl = "fused";
+  AttentionImpl impl = AttentionImpl::fused;
 };
 
 struct RunConfig {

@@ -14,6 +14,8 @@
 #include <array>
 #include <vector>
 
+#include "pope/config_values.hpp"  // MagnitudeKind
+
 namespace pope {
 
 enum class TransformKind {
@@ -22,9 +24,6 @@ enum class TransformKind {
   polar,      // PoPE: channel c → μ(x_c)·e^{i(p·ω_c + δ_c on keys)}, rows twice as wide
   jet_rotary  // PJ-rotary: blocks of K+1 complex channels, rotated and sheared
 };
-
-// How the polar transform turns a real channel into a magnitude μ ≥ 0.
-enum class MagnitudeKind { softplus, identity, relu };
 
 struct TransformPlan {
   TransformKind kind = TransformKind::identity;

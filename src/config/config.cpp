@@ -151,7 +151,7 @@ void check_sizes(const RunConfig& config, const std::string& source) {
 // add a score bias (ALiBi, the PJ-bias methods) have no place in it, and there is no CPU cuDNN.
 // Its widths: head dims that are multiples of 8 with q/k rows of at most 256 (PoPE: d ≤ 128).
 void check_attention_impl(const RunConfig& config, const std::string& source) {
-  if (config.attention.impl != "cudnn") return;
+  if (config.attention.impl != AttentionImpl::cudnn) return;
   const std::unique_ptr<PositionEncoding> encoding = make_position_encoding(config.model);
   if (encoding->has_score_bias()) {
     fail("attention.impl",
@@ -160,7 +160,7 @@ void check_attention_impl(const RunConfig& config, const std::string& source) {
                      config.model.position.kind),
          source);
   }
-  if (config.train.device == "cpu") {
+  if (config.train.device == DeviceChoice::cpu) {
     fail("attention.impl", "expected fused with train.device cpu: cudnn runs on the CUDA backend only", source);
   }
   const int head_dim = config.model.head_dim();
@@ -250,7 +250,7 @@ void check_config(const RunConfig& config, const std::string& source) {
   check_sizes(config, source);
   check_window(config, source);
   check_attention_impl(config, source);
-  if (config.data.kind == "indirect_indexing") check_indirect_indexing(config, source);
+  if (config.data.kind == DataKind::indirect_indexing) check_indirect_indexing(config, source);
   if (auto problem = batch_split_problem(config.train, 1)) fail("train.batch_size", *problem, source);
   if (config.optim.min_lr > config.optim.lr) {
     fail("optim.min_lr",

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -50,6 +51,11 @@ template <class T> T parse_value(const json& value, const std::string& path, con
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!value.is_string()) fail(path, "expected a string, found " + describe(value), source);
     return value.get<std::string>();
+  } else if constexpr (NamedEnum<T>) {
+    if (!value.is_string()) fail(path, "expected a string, found " + describe(value), source);
+    const std::string name = value.get<std::string>();
+    if (const std::optional<T> parsed = enum_from_name<T>(name)) return *parsed;
+    fail(path, fmt::format("expected one of {}; found \"{}\"", fmt::join(EnumNames<T>::names, ", "), name), source);
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!value.is_number()) fail(path, "expected a number, found " + describe(value), source);
     return value.get<T>();
@@ -109,7 +115,14 @@ json config_to_json(const RunConfig& config) {
   json result = json::object();
   for (const config_schema::Field& field : config_schema::fields()) {
     std::visit(
-        [&](auto access) { result[config_schema::pointer_to(field.path)] = config_schema::read(access, config); },
+        [&](auto access) {
+          const auto& value = config_schema::read(access, config);
+          if constexpr (NamedEnum<std::decay_t<decltype(value)>>) {
+            result[config_schema::pointer_to(field.path)] = name_of(value);
+          } else {
+            result[config_schema::pointer_to(field.path)] = value;
+          }
+        },
         field.access);
   }
   return result;

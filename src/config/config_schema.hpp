@@ -46,8 +46,11 @@ inline Range any() { return {}; }
 
 // Reaches one member of a RunConfig; one alternative per C++ type a key can have.
 template <class T> using Accessor = T& (*)(RunConfig&);
-using FieldAccessor = std::variant<Accessor<int>, Accessor<long>, Accessor<std::uint64_t>, Accessor<double>,
-                                   Accessor<bool>, Accessor<std::string>>;
+using FieldAccessor =
+    std::variant<Accessor<int>, Accessor<long>, Accessor<std::uint64_t>, Accessor<double>, Accessor<bool>,
+                 Accessor<std::string>, Accessor<RopeScalingKind>, Accessor<MagnitudeKind>, Accessor<DeltaInit>,
+                 Accessor<PopeScale>, Accessor<PjRho>, Accessor<PjGateInit>, Accessor<DataKind>,
+                 Accessor<LrSchedule>, Accessor<DeviceChoice>, Accessor<AttentionImpl>>;
 
 enum class Hashed { yes, no };
 
@@ -55,7 +58,8 @@ struct Field {
   std::string_view path;                 // "model.position.kind": also the member path in RunConfig
   FieldAccessor access;
   Range range = {};                      // numeric keys only
-  std::vector<std::string_view> allowed = {};  // string keys only; empty: any string
+  // string keys only; empty: any string (an enum key's names come from its EnumNames)
+  std::vector<std::string_view> allowed = {};
   Hashed hashed = Hashed::yes;           // no: may change between a run and its resume
 };
 
@@ -72,6 +76,10 @@ std::vector<std::string> children_of(std::string_view section);
 template <class T> const T& read(Accessor<T> access, const RunConfig& config) {
   return access(const_cast<RunConfig&>(config));
 }
+
+// The names a key accepts: an enum's, or a string key's `allowed` (empty: any string, or not a
+// key that takes names).
+std::vector<std::string_view> allowed_names(const Field& field);
 
 // "model.n_head" -> "/model/n_head"
 nlohmann::json::json_pointer pointer_to(std::string_view path);

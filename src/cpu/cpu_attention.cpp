@@ -49,7 +49,7 @@ Geometry check_geometry(std::string_view op, AttentionImpl impl, const Attention
                         const Tensor& out, const Tensor& lse, DType real) {
   require(impl == AttentionImpl::fused, op,
           fmt::format("attention.impl is {}; the CPU backend has only its reference attention (expected fused)",
-                      attention_impl_name(impl)));
+                      name_of(impl)));
   checks::check_attention_call(op, shape, encoding, ctx);
   Geometry g{};
   g.batch = shape.batch;

@@ -65,10 +65,10 @@ std::unique_ptr<Model> load_eval_model(const EvalCheckpoint& checkpoint, Backend
 }
 
 std::string describe_position(const PositionConfig& position) {
-  if (position.kind != "rope" || position.rope.scaling.kind == "none") return position.kind;
+  if (position.kind != "rope" || position.rope.scaling.kind == RopeScalingKind::none) return position.kind;
   const RopeScalingConfig& s = position.rope.scaling;
-  if (s.kind == "dynamic_ntk") return "rope+dynamic_ntk";
-  if (s.kind != "yarn") return fmt::format("rope+{}(s={})", s.kind, s.factor);
+  if (s.kind == RopeScalingKind::dynamic_ntk) return "rope+dynamic_ntk";
+  if (s.kind != RopeScalingKind::yarn) return fmt::format("rope+{}(s={})", name_of(s.kind), s.factor);
   std::string text = fmt::format("rope+yarn(s={} a={} b={}", s.factor, s.yarn_alpha, s.yarn_beta);
   if (s.yarn_temperature > 0.0) text += fmt::format(" t={}", s.yarn_temperature);
   return text + ")";

@@ -9,20 +9,6 @@
 
 namespace pope {
 
-std::string_view attention_impl_name(AttentionImpl impl) {
-  switch (impl) {
-    case AttentionImpl::fused: return "fused";
-    case AttentionImpl::cudnn: return "cudnn";
-  }
-  throw std::logic_error("attention_impl_name: unhandled AttentionImpl");
-}
-
-AttentionImpl attention_impl_from_name(std::string_view name) {
-  for (AttentionImpl impl : {AttentionImpl::fused, AttentionImpl::cudnn})
-    if (attention_impl_name(impl) == name) return impl;
-  throw std::invalid_argument(fmt::format("unknown attention impl '{}': expected fused or cudnn", name));
-}
-
 std::unique_ptr<GraphCapture> Backend::make_graph_capture() {
   throw std::logic_error(fmt::format("{} cannot record work for replay (supports_graphs() is false)", description()));
 }

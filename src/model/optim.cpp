@@ -11,12 +11,12 @@ namespace pope {
 
 double learning_rate(const OptimConfig& c, long step, long total_steps) {
   if (step < c.warmup_steps) return c.lr * double(step + 1) / double(c.warmup_steps);
-  if (c.schedule == "constant") return c.lr;
+  if (c.schedule == LrSchedule::constant) return c.lr;
   const long decay_steps = total_steps - c.warmup_steps;
   if (decay_steps <= 0 || step >= total_steps) return c.min_lr;
   const double progress = double(step - c.warmup_steps) / double(decay_steps);
   const double coefficient =
-      c.schedule == "linear" ? 1.0 - progress : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+      c.schedule == LrSchedule::linear ? 1.0 - progress : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
   return c.min_lr + coefficient * (c.lr - c.min_lr);
 }
 

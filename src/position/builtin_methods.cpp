@@ -18,14 +18,15 @@ namespace {
 
 // RoPE with the method's fixed scaling, if it has one (`fixed` empty: the configured one). A
 // different scaling configured in model.position.rope.scaling.kind contradicts the name.
-std::unique_ptr<PositionEncoding> make_rope(const ModelConfig& config, std::string_view kind, std::string_view fixed) {
+std::unique_ptr<PositionEncoding> make_rope(const ModelConfig& config, std::string_view kind,
+                                            RopeScalingKind fixed) {
   RopeConfig rope = config.position.rope;
-  if (!fixed.empty()) {
-    if (rope.scaling.kind != "none" && rope.scaling.kind != fixed)
+  if (fixed != RopeScalingKind::none) {
+    if (rope.scaling.kind != RopeScalingKind::none && rope.scaling.kind != fixed)
       throw ConfigError("model.position.rope.scaling.kind",
-                        fmt::format("kind '{}' uses the scaling '{}'; expected none or {}, found '{}'", kind, fixed,
-                                    fixed, rope.scaling.kind));
-    rope.scaling.kind = std::string(fixed);
+                        fmt::format("kind '{}' uses the scaling '{}'; expected none or {}, found '{}'", kind,
+                                    name_of(fixed), name_of(fixed), name_of(rope.scaling.kind)));
+    rope.scaling.kind = fixed;
   }
   // The rotating channels are split into two halves (NeoX pairing): an even whole number.
   const double rotating = rope.fraction * config.head_dim();
@@ -79,22 +80,22 @@ const std::vector<PositionMethod>& builtin_position_methods() {
   static const std::vector<PositionMethod> rows = {
       {"nope", nope, "no positional encoding: the causal mask alone"},
       {"none", nope, "= nope", true},
-      {"rope", [](M c) { return make_rope(c, "rope", ""); }, "rotary embedding (half-split pairs), scaling from model.position.rope.scaling"},
+      {"rope", [](M c) { return make_rope(c, "rope", RopeScalingKind::none); }, "rotary embedding (half-split pairs), scaling from model.position.rope.scaling"},
       {"pope", [](M c) -> std::unique_ptr<PositionEncoding> { return std::make_unique<PopeEncoding>(c.position.pope); },
        "polar coordinate position embedding"},
       {"alibi", make_alibi, "fixed linear bias per head"},
-      {"rope_pi", [](M c) { return make_rope(c, "rope_pi", "pi"); }, "RoPE with position interpolation"},
-      {"rope_ntk", [](M c) { return make_rope(c, "rope_ntk", "ntk"); }, "RoPE with NTK-aware scaling"},
-      {"rope_yarn", [](M c) { return make_rope(c, "rope_yarn", "yarn"); }, "RoPE with YaRN"},
-      {"rope_ntk_affine", [](M c) { return with_pj_bias<kAffine>("rope_ntk_affine", make_rope(c, "rope_ntk_affine", "ntk"), c); },
+      {"rope_pi", [](M c) { return make_rope(c, "rope_pi", RopeScalingKind::pi); }, "RoPE with position interpolation"},
+      {"rope_ntk", [](M c) { return make_rope(c, "rope_ntk", RopeScalingKind::ntk); }, "RoPE with NTK-aware scaling"},
+      {"rope_yarn", [](M c) { return make_rope(c, "rope_yarn", RopeScalingKind::yarn); }, "RoPE with YaRN"},
+      {"rope_ntk_affine", [](M c) { return with_pj_bias<kAffine>("rope_ntk_affine", make_rope(c, "rope_ntk_affine", RopeScalingKind::ntk), c); },
        "RoPE (NTK) + PJ affine sector"},
-      {"rope_yarn_affine", [](M c) { return with_pj_bias<kAffine>("rope_yarn_affine", make_rope(c, "rope_yarn_affine", "yarn"), c); },
+      {"rope_yarn_affine", [](M c) { return with_pj_bias<kAffine>("rope_yarn_affine", make_rope(c, "rope_yarn_affine", RopeScalingKind::yarn), c); },
        "RoPE (YaRN) + PJ affine sector"},
       {"pj_rotary", make_pj_rotary, "PJ-rotary: rotation and jet shear"},
       {"affine", [](M c) { return with_pj_bias<kAffine>("affine", nope(c), c); }, "PJ affine sector alone"},
       {"fj_affine", [](M c) { return with_pj_bias<kFjAffine>("fj_affine", nope(c), c); }, "PJ Fourier–jet + affine sectors"},
       {"fj_lc", [](M c) { return with_pj_bias<kFjLc>("fj_lc", nope(c), c); }, "PJ Fourier–jet + light-cone sectors"},
-      {"rope_affine", [](M c) { return with_pj_bias<kAffine>("rope_affine", make_rope(c, "rope_affine", ""), c); },
+      {"rope_affine", [](M c) { return with_pj_bias<kAffine>("rope_affine", make_rope(c, "rope_affine", RopeScalingKind::none), c); },
        "RoPE + PJ affine sector"},
       {"full", [](M c) { return with_pj_bias<kAll>("full", nope(c), c); }, "PJ-bias, all three sectors"},
       {"lc_affine", [](M c) { return with_pj_bias<kLcAffine>("lc_affine", nope(c), c); }, "PJ light-cone + affine sectors"},

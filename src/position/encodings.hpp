@@ -37,7 +37,7 @@ class RopeEncoding final : public PositionEncodingImpl<RopeEncoding> {
   // 1/√d, times t² under YaRN (t = its q/k multiplier).
   double softmax_scale(const PositionContext& ctx) const override;
 
-  bool extrapolates() const override { return config_.scaling.kind != "none"; }
+  bool extrapolates() const override { return config_.scaling.kind != RopeScalingKind::none; }
   TransformPlan transform_plan(const PositionContext& ctx) const override;
 
   // θ'_m used for this call (depends on ctx for dynamic NTK).
@@ -76,7 +76,7 @@ class PopeEncoding final : public PositionEncodingImpl<PopeEncoding> {
   // ω_c, c = 0..head_dim−1.
   std::vector<double> frequencies(int head_dim) const;
   // How a real channel becomes a non-negative magnitude μ = f(x) (Table 5 ablations).
-  MagnitudeKind magnitude() const { return magnitude_; }
+  MagnitudeKind magnitude() const { return config_.magnitude; }
 
   template <class Real>
   void transform(const QkTransformArgs<Real>& args) const;
@@ -87,7 +87,6 @@ class PopeEncoding final : public PositionEncodingImpl<PopeEncoding> {
   std::size_t param_count() const { return config_.learn_delta ? 1 : 0; }
 
   PopeConfig config_;
-  MagnitudeKind magnitude_;
 };
 
 // ALiBi: bias b_h(Δ) = −m_h·Δ with the paper's slopes (see alibi_slopes). With

@@ -24,23 +24,13 @@ constexpr double kLastPeriods = 17.0;
 // gate_init = zero: s̃ = −10 gives s ≈ 4.5e−5, an affine slope of practically nothing.
 constexpr double kZeroInitSlopeRaw = -10.0;
 
-PjRho parse_rho(const std::string& name) {
-  if (name == "linear") return PjRho::linear;
-  if (name == "lightcone") return PjRho::lightcone;
-  throw ConfigError("model.position.pj.rho", "unknown rho '" + name + "'; expected one of: linear, lightcone");
-}
-
 }  // namespace
 
 PjBiasEncoding::PjBiasEncoding(const PjConfig& config, PjSectorMask sectors, int train_length)
-    : config_(config), sectors_(sectors), rho_(parse_rho(config.rho)), train_length_(train_length) {
+    : config_(config), sectors_(sectors), rho_(config.rho), train_length_(train_length) {
   if (config_.order < 0 || config_.order > kMaxPjOrder)
     throw ConfigError("model.position.pj.order", "expected a jet order in [0, " + std::to_string(kMaxPjOrder) +
                                                      "], got " + std::to_string(config_.order));
-  const std::string& init = config_.gate_init;
-  if (init != "affine" && init != "uniform" && init != "alibi" && init != "zero")
-    throw ConfigError("model.position.pj.gate_init",
-                      "unknown gate_init '" + init + "'; expected one of: affine, uniform, alibi, zero");
   if (train_length_ <= 0)
     throw ConfigError("model.context_length",
                       "the PJ-bias needs the training length L_train > 0, got " + std::to_string(train_length_));
@@ -51,7 +41,7 @@ PjBiasEncoding::PjBiasEncoding(const PjConfig& config, PjSectorMask sectors, int
 std::array<double, kPjSectorCount> PjBiasEncoding::initial_gate_logits() const {
   // Only `uniform` changes the gates; `alibi` and `zero` change the slope / amplitudes of
   // the default (affine) init and keep its gates.
-  if (config_.gate_init == "uniform") return {0.0, 0.0, 0.0};
+  if (config_.gate_init == PjGateInit::uniform) return {0.0, 0.0, 0.0};
   return kAffineGateLogits;
 }
 
@@ -67,7 +57,7 @@ BiasPlan PjBiasEncoding::bias_plan(const PositionContext&) const {
 
 std::vector<ParamSpec> PjBiasEncoding::layer_parameters(int n_head, int) const {
   const int orders = config_.order + 1;
-  const bool zero_amplitudes = config_.gate_init == "zero";
+  const bool zero_amplitudes = config_.gate_init == PjGateInit::zero;
   const auto amplitude = [&](const char* name) {
     ParamSpec spec{name, {n_head, orders}, /*weight_decay=*/false, InitKind::normal, kAmplitudeInitStd};
     if (zero_amplitudes) spec.init = InitKind::zeros;
@@ -112,7 +102,7 @@ void PjBiasEncoding::initialize_custom(std::size_t param_index, std::span<double
       for (double& v : values) v = kInitDampingRaw;
       return;
     case kPjAffineSlope: {
-      if (config_.gate_init == "alibi") {
+      if (config_.gate_init == PjGateInit::alibi) {
         // g_A·s_h/L = m_h, g_A the affine gate the initial logits give over the enabled sectors.
         const auto logits = initial_gate_logits();
         double total = 0.0;
@@ -124,8 +114,8 @@ void PjBiasEncoding::initialize_custom(std::size_t param_index, std::span<double
           values[static_cast<std::size_t>(h)] = softplus_inverse(slopes[static_cast<std::size_t>(h)] * L / affine_gate);
         return;
       }
-      const double raw = config_.gate_init == "affine" ? softplus_inverse(kAffineInitSlope)
-                         : config_.gate_init == "zero" ? kZeroInitSlopeRaw
+      const double raw = config_.gate_init == PjGateInit::affine ? softplus_inverse(kAffineInitSlope)
+                         : config_.gate_init == PjGateInit::zero ? kZeroInitSlopeRaw
                                                        : 0.0;  // uniform
       for (double& v : values) v = raw;
       return;

@@ -14,8 +14,6 @@
 
 namespace pope {
 
-enum class PjRho { linear, lightcone };
-
 // The parameters of one PJ-bias layer, in layer_parameters() order. Shapes: omega,
 // fj_damping, affine_slope [H]; gate_logits [H, 3] (FJ, A, LC); the rest [H, K + 1].
 enum PjParam : std::size_t {

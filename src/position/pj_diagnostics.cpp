@@ -161,7 +161,7 @@ PjDiagnostics compute_pj_diagnostics(const ModelConfig& config, const ParameterL
   PjDiagnostics report;
   report.kind = config.position.kind;
   report.order = bias.order();
-  report.rho = bias.rho() == PjRho::linear ? "linear" : "lightcone";
+  report.rho = std::string(name_of(bias.rho()));
   report.sectors = bias.sectors();
   report.train_length = bias.train_length();
   report.eval_length = eval_length;

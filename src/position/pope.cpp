@@ -15,14 +15,6 @@ namespace {
 
 constexpr double kTwoPi = 2.0 * std::numbers::pi;
 
-MagnitudeKind parse_magnitude(const std::string& name) {
-  if (name == "softplus") return MagnitudeKind::softplus;
-  if (name == "identity") return MagnitudeKind::identity;
-  if (name == "relu") return MagnitudeKind::relu;
-  throw ConfigError("model.position.pope.magnitude",
-                    "unknown magnitude '" + name + "'; expected one of: softplus, identity, relu");
-}
-
 double magnitude_of(MagnitudeKind kind, double x) {
   switch (kind) {
     case MagnitudeKind::softplus:
@@ -67,26 +59,20 @@ Rotation channel_rotation(double p, double omega, const Real* delta, int c) {
 }  // namespace
 
 PopeEncoding::PopeEncoding(PopeConfig config)
-    : config_(std::move(config)), magnitude_(parse_magnitude(config_.magnitude)) {
+    : config_(std::move(config)) {
   if (!(config_.base > 1.0))
     throw ConfigError("model.position.pope.base", "expected a base > 1, got " + std::to_string(config_.base));
-  if (config_.delta_init != "zero" && config_.delta_init != "uniform")
-    throw ConfigError("model.position.pope.delta_init",
-                      "unknown delta_init '" + config_.delta_init + "'; expected one of: zero, uniform");
-  if (config_.scale != "inv_sqrt_d" && config_.scale != "inv_sqrt_2d")
-    throw ConfigError("model.position.pope.scale",
-                      "unknown scale '" + config_.scale + "'; expected one of: inv_sqrt_d, inv_sqrt_2d");
 }
 
 double PopeEncoding::softmax_scale(const PositionContext& ctx) const {
-  const double width = config_.scale == "inv_sqrt_2d" ? 2.0 * ctx.head_dim : ctx.head_dim;
+  const double width = config_.scale == PopeScale::inv_sqrt_2d ? 2.0 * ctx.head_dim : ctx.head_dim;
   return 1.0 / std::sqrt(width);
 }
 
 std::vector<ParamSpec> PopeEncoding::layer_parameters(int n_head, int head_dim) const {
   if (!config_.learn_delta) return {};
   ParamSpec delta{"delta", {n_head, head_dim}, /*weight_decay=*/false, InitKind::zeros};
-  if (config_.delta_init == "uniform") {
+  if (config_.delta_init == DeltaInit::uniform) {
     delta.init = InitKind::uniform;
     delta.init_a = -kTwoPi;
     delta.init_b = 0.0;
@@ -98,7 +84,7 @@ TransformPlan PopeEncoding::transform_plan(const PositionContext& ctx) const {
   TransformPlan plan;
   plan.kind = TransformKind::polar;
   plan.frequencies = frequencies(ctx.head_dim);
-  plan.magnitude = magnitude_;
+  plan.magnitude = config_.magnitude;
   plan.delta_param = config_.learn_delta ? 0 : -1;
   return plan;
 }
@@ -120,7 +106,7 @@ void PopeEncoding::transform(const QkTransformArgs<Real>& a) const {
     const double p = absolute_position(ctx, row);
     for (int c = 0; c < d; ++c) {
       const Rotation r = channel_rotation(p, omega[c], delta, c);
-      const double mu = magnitude_of(magnitude_, x[c]);
+      const double mu = magnitude_of(config_.magnitude, x[c]);
       y[c] = static_cast<Real>(mu * r.cos);
       y[d + c] = static_cast<Real>(mu * r.sin);
     }
@@ -145,9 +131,9 @@ void PopeEncoding::transform_backward(const QkTransformBackwardArgs<Real>& a) co
       const double g_re = dy[c];
       const double g_im = dy[d + c];
       const double dmu = g_re * r.cos + g_im * r.sin;
-      dx[c] += static_cast<Real>(dmu * magnitude_derivative(magnitude_, x[c]));
+      dx[c] += static_cast<Real>(dmu * magnitude_derivative(config_.magnitude, x[c]));
       if (ddelta && delta_in_range(delta[c])) {
-        const double mu = magnitude_of(magnitude_, x[c]);
+        const double mu = magnitude_of(config_.magnitude, x[c]);
         ddelta[c] += static_cast<Real>(mu * (-g_re * r.sin + g_im * r.cos));
       }
     }

@@ -11,19 +11,15 @@ namespace pope {
 
 namespace {
 
-const std::string kScalingKinds = "none, pi, ntk, dynamic_ntk, yarn";
-
-bool is_known_scaling(const std::string& kind) {
-  return kind == "none" || kind == "pi" || kind == "ntk" || kind == "dynamic_ntk" || kind == "yarn";
+bool uses_fixed_factor(RopeScalingKind kind) {
+  return kind == RopeScalingKind::pi || kind == RopeScalingKind::ntk || kind == RopeScalingKind::yarn;
 }
 
-bool uses_fixed_factor(const std::string& kind) { return kind == "pi" || kind == "ntk" || kind == "yarn"; }
-
-void require_train_length(int train_length, const std::string& kind) {
+void require_train_length(int train_length, RopeScalingKind kind) {
   if (train_length <= 0)
-    throw ConfigError(
-        "model.context_length",
-        "RoPE scaling '" + kind + "' needs the training length L_train > 0, got " + std::to_string(train_length));
+    throw ConfigError("model.context_length", "RoPE scaling '" + std::string(name_of(kind)) +
+                                                  "' needs the training length L_train > 0, got " +
+                                                  std::to_string(train_length));
 }
 
 }  // namespace
@@ -35,13 +31,10 @@ void validate_rope_config(const RopeConfig& config) {
     throw ConfigError("model.position.rope.fraction",
                       "expected a share of channels in (0, 1], got " + std::to_string(config.fraction));
   const RopeScalingConfig& scaling = config.scaling;
-  if (!is_known_scaling(scaling.kind))
-    throw ConfigError("model.position.rope.scaling.kind",
-                      "unknown scaling '" + scaling.kind + "'; expected one of: " + kScalingKinds);
   if (uses_fixed_factor(scaling.kind) && !(scaling.factor >= 1.0))
     throw ConfigError("model.position.rope.scaling.factor",
                       "expected a context-extension factor >= 1, got " + std::to_string(scaling.factor));
-  if (scaling.kind == "yarn") {
+  if (scaling.kind == RopeScalingKind::yarn) {
     if (!(scaling.yarn_beta > scaling.yarn_alpha))
       throw ConfigError("model.position.rope.scaling.yarn_beta", "expected yarn_beta > yarn_alpha, got alpha " +
                                                                      std::to_string(scaling.yarn_alpha) + " and beta " +
@@ -64,8 +57,8 @@ int rope_rotary_dim(double fraction, int head_dim) {
 }
 
 double rope_scale_factor(const RopeScalingConfig& scaling, int train_length, int total_length) {
-  if (scaling.kind == "none") return 1.0;
-  if (scaling.kind == "dynamic_ntk") {
+  if (scaling.kind == RopeScalingKind::none) return 1.0;
+  if (scaling.kind == RopeScalingKind::dynamic_ntk) {
     require_train_length(train_length, scaling.kind);
     return std::max(1.0, static_cast<double>(total_length) / train_length);
   }
@@ -73,12 +66,12 @@ double rope_scale_factor(const RopeScalingConfig& scaling, int train_length, int
 }
 
 std::vector<double> rope_frequencies(const RopeConfig& config, int rotary_dim, int train_length, int total_length) {
-  const std::string& kind = config.scaling.kind;
+  const RopeScalingKind kind = config.scaling.kind;
   const double s = rope_scale_factor(config.scaling, train_length, total_length);
   const int pairs = rotary_dim / 2;
   const double exponent_step = 2.0 / rotary_dim;
 
-  if (kind == "ntk" || kind == "dynamic_ntk") {
+  if (kind == RopeScalingKind::ntk || kind == RopeScalingKind::dynamic_ntk) {
     if (rotary_dim <= 2)
       throw ConfigError("model.position.rope.fraction",
                         "NTK scaling needs more than 2 rotating channels (its exponent is r/(r-2)), got " +
@@ -87,9 +80,9 @@ std::vector<double> rope_frequencies(const RopeConfig& config, int rotary_dim, i
     return geometric_frequencies(scaled_base, pairs, exponent_step);
   }
   std::vector<double> theta = geometric_frequencies(config.base, pairs, exponent_step);
-  if (kind == "pi") {
+  if (kind == RopeScalingKind::pi) {
     for (double& t : theta) t /= s;
-  } else if (kind == "yarn") {
+  } else if (kind == RopeScalingKind::yarn) {
     require_train_length(train_length, kind);
     const double alpha = config.scaling.yarn_alpha;
     const double beta = config.scaling.yarn_beta;
@@ -105,7 +98,7 @@ std::vector<double> rope_frequencies(const RopeConfig& config, int rotary_dim, i
 }
 
 double rope_qk_multiplier(const RopeScalingConfig& scaling) {
-  if (scaling.kind != "yarn") return 1.0;
+  if (scaling.kind != RopeScalingKind::yarn) return 1.0;
   if (scaling.yarn_temperature > 0.0) return scaling.yarn_temperature;
   return 0.1 * std::log(scaling.factor) + 1.0;
 }

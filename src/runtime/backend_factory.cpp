@@ -21,13 +21,13 @@ bool cuda_available() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& cpu_precision, int threads,
+std::unique_ptr<Backend> make_backend(DeviceChoice device, const std::string& cpu_precision, int threads,
                                       int cuda_device) {
-  if (device == "cpu" || (device == "auto" && !cuda_available())) return make_cpu_backend(cpu_precision, threads);
+  if (device == DeviceChoice::cpu || (device == DeviceChoice::automatic && !cuda_available()))
+    return make_cpu_backend(cpu_precision, threads);
 #ifndef POPE_HAVE_CUDA
   (void)cuda_device;
 #endif
-  if (device == "cuda" || device == "auto") {
 #ifdef POPE_HAVE_CUDA
     if (!cuda_available()) throw std::runtime_error("--device cuda: no CUDA device is visible on this machine");
     // Modulo the visible devices: a rank that its launcher restricted to its own GPU
@@ -36,8 +36,6 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const std::stri
 #else
     throw std::runtime_error("--device cuda: this build has no CUDA backend (nvcc was not found at configure time)");
 #endif
-  }
-  throw std::invalid_argument(fmt::format("unknown device '{}': expected auto, cpu or cuda", device));
 }
 
 }  // namespace pope

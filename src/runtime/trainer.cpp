@@ -56,7 +56,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   if (communicator_->size() > 1 && !backend_)
     throw std::invalid_argument("Trainer: a communicator of several ranks needs the backend it was made for");
   validate(config_);
-  const bool task = config_.data.kind == "indirect_indexing";
+  const bool task = config_.data.kind == DataKind::indirect_indexing;
   if (!task && config_.data.train.empty())
     throw ConfigError("data.train", "a training token file is required (see data/README.md)");
   run_dir_ = options_.run_dir;
@@ -127,7 +127,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   model_ = std::make_unique<Model>(config_.model, *backend_, shard_optimizer ? communicator_->size() : 1);
   model_->set_activation_recompute(config_.train.activation_recompute);
   model_->set_deterministic(config_.train.deterministic);
-  model_->set_attention_impl(attention_impl_from_name(config_.attention.impl));
+  model_->set_attention_impl(config_.attention.impl);
   optimizer_ = std::make_unique<AdamW>(*model_, config_.optim, shard_optimizer ? communicator_.get() : nullptr);
   state_.config_hash = config_hash(config_);
   state_.rng = Rng(config_.train.seed).state();

@@ -15,6 +15,7 @@
 #include "pope/config.hpp"
 #include "pope/position.hpp"
 #include "tools/console_log.hpp"
+#include "tools/enum_option.hpp"
 #include "tools/number_checks.hpp"
 #include "tools/output_file.hpp"
 
@@ -39,7 +40,7 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
                     "override a config key, e.g. --set train.micro_batch_size=32 "
                     "(repeatable); the step is train.batch_size sequences");
   train->add_option("--device", cmd.device, "auto | cpu | cuda (overrides train.device)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+      ->check(pope::tools::one_of_names<pope::DeviceChoice>());
   train->add_option("--steps", cmd.options.timed_steps, "timed optimizer steps (median reported)")
       ->default_val(10)
       ->check(pope::tools::kPositive);
@@ -117,7 +118,7 @@ void write_json(const std::string& path, const nlohmann::json& numbers) {
 int run_attention(const AttentionCommand& cmd) {
   pope::AttentionBenchOptions options = cmd.options;
   options.impls = cmd.impl == "both" ? std::vector{pope::AttentionImpl::fused, pope::AttentionImpl::cudnn}
-                                     : std::vector{pope::attention_impl_from_name(cmd.impl)};
+                                     : std::vector{*pope::enum_from_name<pope::AttentionImpl>(cmd.impl)};
   const std::vector<pope::AttentionBenchRow> rows = pope::run_attention_benchmark(options);
   std::cout << pope::format_attention_bench(rows);
   if (!cmd.json_path.empty()) write_json(cmd.json_path, pope::attention_bench_to_json(rows));

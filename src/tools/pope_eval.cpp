@@ -21,6 +21,7 @@
 #include "pope/model.hpp"
 #include "pope/pj_diagnostics.hpp"
 #include "tools/console_log.hpp"
+#include "tools/enum_option.hpp"
 #include "tools/number_checks.hpp"
 #include "tools/output_file.hpp"
 
@@ -118,7 +119,7 @@ int run_length_sweep(const Options& o) {
     throw pope::ConfigError("--lengths", fmt::format("no length in '{}' fits a window of {}: a length L takes a book "
                                                      "of at least L + 1 tokens, and its longest holds {}",
                                                      o.lengths, o.data, longest_book));
-  auto backend = pope::make_backend(o.device, "float", o.threads);
+  auto backend = pope::make_backend(*pope::enum_from_name<pope::DeviceChoice>(o.device), "float", o.threads);
 
   pope::EvalReport report;
   report.data = o.data;
@@ -159,7 +160,7 @@ LoadedCheckpoint load_single_checkpoint(const Options& o, const char* mode) {
                                                         o.checkpoints.size()));
   LoadedCheckpoint loaded;
   loaded.checkpoint = open_checkpoint(o, o.checkpoints.front());
-  loaded.backend = pope::make_backend(o.device, "float", o.threads);
+  loaded.backend = pope::make_backend(*pope::enum_from_name<pope::DeviceChoice>(o.device), "float", o.threads);
   loaded.model = pope::load_eval_model(loaded.checkpoint, *loaded.backend);
   return loaded;
 }
@@ -171,9 +172,9 @@ int run_indirect_indexing(const Options& o) {
     throw pope::ConfigError("--task", "the task generates its own test set; it takes no --data or --lengths");
   LoadedCheckpoint loaded = load_single_checkpoint(o, "--task indirect_indexing");
   const pope::RunConfig& config = loaded.checkpoint.config;
-  if (config.data.kind != "indirect_indexing")
+  if (config.data.kind != pope::DataKind::indirect_indexing)
     throw pope::ConfigError("--task", fmt::format("checkpoint {} was trained on data.kind '{}', not indirect_indexing",
-                                                  loaded.checkpoint.step_dir.string(), config.data.kind));
+                                                  loaded.checkpoint.step_dir.string(), pope::name_of(config.data.kind)));
   const pope::IndirectIndexingTask task(config.data.indirect_indexing);
   const pope::IndirectIndexingScore score = pope::evaluate_indirect_indexing(
       *loaded.model, task, pope::IndirectSplit::test, config.train.micro_batch_size, config.train.seq_len);
@@ -280,7 +281,7 @@ int main(int argc, char** argv) {
                                     ->check(pope::tools::kNonNegative);
   app.add_option("-s,--set", o.overrides, "override a model.* key of the checkpoints' config, e.g. "
                                           "--set model.context_length=2048 (repeatable)");
-  app.add_option("--device", o.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--device", o.device, "auto | cpu | cuda")->check(pope::tools::one_of_names<pope::DeviceChoice>());
   app.add_option("--threads", o.threads, "CPU threads (at most " + std::to_string(pope::kMaxThreads) +
                                          "); 0: all cores")
       ->check(pope::tools::kThreads);

@@ -20,6 +20,7 @@
 #include "pope/position.hpp"
 #include "pope/train.hpp"
 #include "tools/console_log.hpp"
+#include "tools/enum_option.hpp"
 #include "tools/number_checks.hpp"
 #include "tools/text_checks.hpp"
 
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
                                            "must match this config's. Ignored when --resume finds a checkpoint")
       ->check(pope::tools::kNonEmpty);
   app.add_option("--device", device, "auto | cpu | cuda (overrides train.device)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+      ->check(pope::tools::one_of_names<pope::DeviceChoice>());
   app.add_option("--stop-at", stop_at, "checkpoint and exit 0 after this global step (time-sliced jobs; the LR "
                                       "schedule still spans train.steps)")
       ->check(pope::tools::kPositive);

@@ -236,7 +236,7 @@ inline std::function<std::unique_ptr<PositionEncoding>()> maker(Config config) {
   return [config] { return std::unique_ptr<PositionEncoding>(std::make_unique<Encoding>(config)); };
 }
 
-inline RopeConfig rope_with(double fraction, const std::string& scaling, double factor) {
+inline RopeConfig rope_with(double fraction, RopeScalingKind scaling, double factor) {
   RopeConfig config;
   config.fraction = fraction;
   config.scaling.kind = scaling;
@@ -244,7 +244,7 @@ inline RopeConfig rope_with(double fraction, const std::string& scaling, double 
   return config;
 }
 
-inline PopeConfig pope_with(const std::string& magnitude, bool learn_delta) {
+inline PopeConfig pope_with(MagnitudeKind magnitude, bool learn_delta) {
   PopeConfig config;
   config.magnitude = magnitude;
   config.learn_delta = learn_delta;

@@ -136,14 +136,14 @@ std::vector<EncodingCase> variant_cases() {
   half_heads.head_fraction = 0.5;
   return {
       {"nope", [] { return std::unique_ptr<PositionEncoding>(std::make_unique<NopeEncoding>()); }},
-      {"rope", maker<RopeEncoding>(rope_with(1.0, "none", 1.0))},
-      {"rope_fraction_half", maker<RopeEncoding>(rope_with(0.5, "none", 1.0))},
+      {"rope", maker<RopeEncoding>(rope_with(1.0, RopeScalingKind::none, 1.0))},
+      {"rope_fraction_half", maker<RopeEncoding>(rope_with(0.5, RopeScalingKind::none, 1.0))},
       // L_train 128 < T so that YaRN's ramp and its logit multiplier both matter.
-      {"rope_yarn", maker<RopeEncoding>(rope_with(1.0, "yarn", 4.0)), false, 128},
-      {"pope_softplus", maker<PopeEncoding>(pope_with("softplus", true)), true},
-      {"pope_identity", maker<PopeEncoding>(pope_with("identity", true)), true},
-      {"pope_relu", maker<PopeEncoding>(pope_with("relu", true)), true},
-      {"pope_no_delta", maker<PopeEncoding>(pope_with("softplus", false))},
+      {"rope_yarn", maker<RopeEncoding>(rope_with(1.0, RopeScalingKind::yarn, 4.0)), false, 128},
+      {"pope_softplus", maker<PopeEncoding>(pope_with(MagnitudeKind::softplus, true)), true},
+      {"pope_identity", maker<PopeEncoding>(pope_with(MagnitudeKind::identity, true)), true},
+      {"pope_relu", maker<PopeEncoding>(pope_with(MagnitudeKind::relu, true)), true},
+      {"pope_no_delta", maker<PopeEncoding>(pope_with(MagnitudeKind::softplus, false))},
       {"alibi", maker<AlibiEncoding>(AlibiConfig{})},
       {"alibi_half_heads", maker<AlibiEncoding>(half_heads)},
       // K = 1 (default); within L_train the shear c_p ≤ 1, so q̃, k̃ keep bf16's relative precision.

@@ -31,8 +31,8 @@ class CudaGraphStep : public ::testing::Test {
  protected:
   void SetUp() override {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    gpu_ = make_backend("cuda");
-    cpu_ = make_backend("cpu", "float", 0);
+    gpu_ = make_backend(DeviceChoice::cuda);
+    cpu_ = make_backend(DeviceChoice::cpu, "float", 0);
   }
   std::unique_ptr<Backend> gpu_, cpu_;
 };
@@ -41,7 +41,7 @@ class CudaGraphStep : public ::testing::Test {
 // which a recorded step must hold as graph edges.
 ModelConfig small_model(const std::string& kind = "pope") {
   ModelConfig c = pope::testing::model_config(pope::testing::kGpuTestShape, kind);
-  c.position.pope.delta_init = "uniform";
+  c.position.pope.delta_init = DeltaInit::uniform;
   return c;
 }
 

@@ -26,7 +26,7 @@ class CudaModel : public ::testing::TestWithParam<std::string> {
 
 ModelConfig small_model(const std::string& kind) {
   ModelConfig c = pope::testing::model_config(pope::testing::kGpuTestShape, kind);
-  c.position.pope.delta_init = "uniform";
+  c.position.pope.delta_init = DeltaInit::uniform;
   return c;
 }
 
@@ -43,8 +43,8 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b, 
 }  // namespace
 
 TEST_P(CudaModel, StepMatchesTheCpuReference) {
-  auto cpu = make_backend("cpu", "float", 0);
-  auto gpu = make_backend("cuda");
+  auto cpu = make_backend(DeviceChoice::cpu, "float", 0);
+  auto gpu = make_backend(DeviceChoice::cuda);
   const ModelConfig c = small_model(GetParam());
   Model reference(c, *cpu), model(c, *gpu);
   reference.initialize(7);
@@ -119,8 +119,8 @@ class CudaEvalLogits : public ::testing::Test {
 };
 
 TEST_F(CudaEvalLogits, Fp32LogitsMatchTheF64ReferenceWhereBf16LogitsCannot) {
-  auto reference_backend = make_backend("cpu", "double", 0);
-  auto gpu = make_backend("cuda");
+  auto reference_backend = make_backend(DeviceChoice::cpu, "double", 0);
+  auto gpu = make_backend(DeviceChoice::cuda);
   const ModelConfig c = small_model("rope");
   Model reference(c, *reference_backend), model(c, *gpu);
   reference.initialize(7);

@@ -65,14 +65,14 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 }
 
 struct Case {
-  std::string rho;
+  PjRho rho;
   PjSectorMask sectors;
   int order;
   int seq_len;
 };
 
 std::string case_name(const Case& c) {
-  return c.rho + "_K" + std::to_string(c.order) + "_T" + std::to_string(c.seq_len) + "_sectors" +
+  return std::string(name_of(c.rho)) + "_K" + std::to_string(c.order) + "_T" + std::to_string(c.seq_len) + "_sectors" +
          std::to_string(int(c.sectors[0])) + std::to_string(int(c.sectors[1])) + std::to_string(int(c.sectors[2]));
 }
 
@@ -162,10 +162,10 @@ TEST_P(CudaPjBias, TableAndGradientsMatchTheCpuEncoding) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, CudaPjBias,
-    ::testing::Values(Case{"linear", {true, true, true}, 3, 1}, Case{"linear", {true, true, true}, 3, 300},
-                      Case{"lightcone", {true, true, true}, 2, 513}, Case{"linear", {false, true, false}, 3, 257},
-                      Case{"lightcone", {true, false, true}, 0, 1000}, Case{"linear", {false, true, true}, 15, 200},
-                      Case{"lightcone", {true, true, true}, 5, 700}),
+    ::testing::Values(Case{PjRho::linear, {true, true, true}, 3, 1}, Case{PjRho::linear, {true, true, true}, 3, 300},
+                      Case{PjRho::lightcone, {true, true, true}, 2, 513}, Case{PjRho::linear, {false, true, false}, 3, 257},
+                      Case{PjRho::lightcone, {true, false, true}, 0, 1000}, Case{PjRho::linear, {false, true, true}, 15, 200},
+                      Case{PjRho::lightcone, {true, true, true}, 5, 700}),
     [](const auto& info) { return case_name(info.param); });
 
 TEST(CudaLearnedBias, ReadsThePjBiasOfAComposedMethodFromItsPlan) {

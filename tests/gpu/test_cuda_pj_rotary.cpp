@@ -72,7 +72,7 @@ struct Encoded {
 Encoded run_on_gpu(const PjRotaryEncoding& rotary, const PositionContext& ctx, int batch,
                    const std::vector<float>& qkv_values, const std::vector<float>& dq_values,
                    const std::vector<float>& dk_values) {
-  auto gpu = make_backend("cuda");
+  auto gpu = make_backend(DeviceChoice::cuda);
   const int T = ctx.seq_len, H = ctx.n_head, d = ctx.head_dim;
   const std::int64_t rows = std::int64_t(batch) * T, C = std::int64_t(H) * d, encoded = rows * C;
   const OwnedTensor qkv = make_tensor(*gpu, {rows, 3 * C}, DType::bf16, qkv_values);
@@ -241,7 +241,7 @@ TEST(CudaPjRotaryGolden, QueryFeatureAndScoresThroughTheGpuTransform) {
 // Plans the kernels cannot run are refused with cudaErrorInvalidValue before any launch.
 TEST(CudaPjRotaryPlan, RejectsOrdersAndWidthsItCannotRun) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto gpu = make_backend("cuda");
+  auto gpu = make_backend(DeviceChoice::cuda);
   const kernels::AttentionDims dims{.batch = 1, .seq_len = 4, .n_head = 1, .head_dim = 64, .qk_width = 64};
   const OwnedTensor qkv = allocate_tensor(*gpu, {4, 192}, DType::bf16);
   const OwnedTensor q = allocate_tensor(*gpu, {256}, DType::bf16), k = allocate_tensor(*gpu, {256}, DType::bf16);

@@ -50,7 +50,7 @@ __nv_bfloat16* bf16_data(const OwnedTensor& t) { return static_cast<__nv_bfloat1
 
 TEST(CudaQkTransform, RopePhaseTableGivesThePerPositionTransformExactly) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto gpu = make_backend("cuda");
+  auto gpu = make_backend(DeviceChoice::cuda);
   const int B = 2, T = 77, H = 3, d = 64;
   struct Case {
     const char* name;
@@ -120,7 +120,7 @@ void expect_bf16_of(double got, double want, const char* what, std::size_t at) {
 
 TEST(CudaQkTransform, PopeKernelsMatchTheHostOverBatchSlices) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto gpu = make_backend("cuda");
+  auto gpu = make_backend(DeviceChoice::cuda);
   const int B = 10, T = 77, H = 2, offset = 9000;
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   for (const int d : {64, 12}) {  // vector groups; single channels

@@ -25,7 +25,7 @@ double relative_error(double got, double want) {
 
 TEST(CudaSoftplus, MatchesDoublePrecision) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto gpu = make_backend("cuda");
+  auto gpu = make_backend(DeviceChoice::cuda);
   std::vector<float> x;
   for (int i = -30 * 4096; i <= 30 * 4096; ++i) x.push_back(float(i) / 4096.0f);
   const float ln8 = std::log(8.0f);

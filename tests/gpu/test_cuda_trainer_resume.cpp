@@ -17,7 +17,7 @@ class CudaTrainerResume : public pope::testing::TrainerRunTest {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
     TrainerRunTest::SetUp();
     config_.model.n_embd = 128;  // 2 heads of 64: the fused attention path
-    config_.train.device = "cuda";
+    config_.train.device = DeviceChoice::cuda;
   }
 };
 

@@ -34,10 +34,10 @@ constexpr double kParameterGradTolerance = 5e-2;
 std::vector<EncodingCase> cudnn_cases() {
   return {
       {"nope", [] { return std::unique_ptr<PositionEncoding>(std::make_unique<NopeEncoding>()); }},
-      {"rope", maker<RopeEncoding>(rope_with(1.0, "none", 1.0))},
-      {"rope_yarn", maker<RopeEncoding>(rope_with(1.0, "yarn", 4.0)), false, 128},
-      {"pope", maker<PopeEncoding>(pope_with("softplus", true)), true},
-      {"pope_no_delta", maker<PopeEncoding>(pope_with("softplus", false))},
+      {"rope", maker<RopeEncoding>(rope_with(1.0, RopeScalingKind::none, 1.0))},
+      {"rope_yarn", maker<RopeEncoding>(rope_with(1.0, RopeScalingKind::yarn, 4.0)), false, 128},
+      {"pope", maker<PopeEncoding>(pope_with(MagnitudeKind::softplus, true)), true},
+      {"pope_no_delta", maker<PopeEncoding>(pope_with(MagnitudeKind::softplus, false))},
       {"pj_rotary", maker<PjRotaryEncoding>(PjConfig{})},
   };
 }

@@ -103,7 +103,7 @@ TEST_F(NcclDataParallelStep, ZeroOneEqualsTheUnshardedStepBitwiseWithoutClipping
 TEST_F(NcclDataParallelStep, ZeroOneFollowsTheUnshardedStepWithinRoundingWithClipping) {
   const auto sharded = train({0, true, 0.5})[0];
   const auto unsharded = train({std::int64_t(25) << 20, false, 0.5})[0];
-  auto cpu = make_backend("cpu", "float", 0);
+  auto cpu = make_backend(DeviceChoice::cpu, "float", 0);
   Model initial(small_model(), *cpu);
   initial.initialize(11);
   const std::vector<float> start = initial.parameters_to_host();

@@ -28,12 +28,12 @@ RunConfig tiny_config(const std::string& position) {
   c.model.n_embd = 16;
   c.model.context_length = 8;
   c.model.position.kind = position;
-  c.model.position.pope.delta_init = "uniform";
+  c.model.position.pope.delta_init = DeltaInit::uniform;
   c.train.batch_size = 4;
   c.train.micro_batch_size = 2;
   c.train.seq_len = 8;
   c.train.threads = 1;
-  c.train.device = "cpu";
+  c.train.device = DeviceChoice::cpu;
   return c;
 }
 

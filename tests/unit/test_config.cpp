@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -105,7 +106,7 @@ TEST(Config, DefaultsRoundTripThroughJson) {
 TEST(Config, NonDefaultValuesRoundTrip) {
   RunConfig config;
   config.model.position.kind = "rope";
-  config.model.position.rope.scaling.kind = "yarn";
+  config.model.position.rope.scaling.kind = RopeScalingKind::yarn;
   config.model.position.rope.scaling.factor = 4.0;
   config.model.position.pope.learn_delta = false;
   config.optim.lr = 3e-4;
@@ -114,7 +115,7 @@ TEST(Config, NonDefaultValuesRoundTrip) {
   config.out_dir = "runs/x";
   const RunConfig back = config_from_json(config_to_json(config));
   EXPECT_EQ(back.model.position.kind, "rope");
-  EXPECT_EQ(back.model.position.rope.scaling.kind, "yarn");
+  EXPECT_EQ(back.model.position.rope.scaling.kind, RopeScalingKind::yarn);
   EXPECT_EQ(back.model.position.rope.scaling.factor, 4.0);
   EXPECT_FALSE(back.model.position.pope.learn_delta);
   EXPECT_EQ(back.optim.lr, 3e-4);
@@ -141,7 +142,7 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
     EXPECT_EQ(config.model.head_dim(), 64);
     EXPECT_EQ(config.model.context_length, 1024);
     EXPECT_EQ(config.model.position.kind, "pope");
-    EXPECT_EQ(config.model.position.pope.delta_init, "zero");
+    EXPECT_EQ(config.model.position.pope.delta_init, DeltaInit::zero);
     EXPECT_EQ(config.optim.lr, 6e-4);
     EXPECT_EQ(config.optim.min_lr, 6e-5);
     EXPECT_EQ(config.optim.warmup_steps, 1000);
@@ -336,7 +337,7 @@ TEST(Config, CrossFieldRules) {
     EXPECT_NO_THROW(validate(long_window)) << kind;
   }
   long_window.model.position.kind = "rope";
-  long_window.model.position.rope.scaling.kind = "yarn";
+  long_window.model.position.rope.scaling.kind = RopeScalingKind::yarn;
   long_window.model.position.rope.scaling.factor = 4.0;
   EXPECT_NO_THROW(validate(long_window));
   RunConfig half_rope;
@@ -350,43 +351,70 @@ TEST(Config, CrossFieldRules) {
 TEST(Config, CudnnAttentionImplIsCheckedAgainstEncodingDeviceAndWidth) {
   for (const std::string kind : {"nope", "rope", "rope_yarn", "pope", "pj_rotary"}) {
     RunConfig config;
-    config.attention.impl = "cudnn";
+    config.attention.impl = AttentionImpl::cudnn;
     config.model.position.kind = kind;
     EXPECT_NO_THROW(validate(config)) << kind;
   }
   for (const std::string kind : {"alibi", "full", "affine", "rope_affine"}) {
     expect_invalid(
         [&](RunConfig& c) {
-          c.attention.impl = "cudnn";
+          c.attention.impl = AttentionImpl::cudnn;
           c.model.position.kind = kind;
         },
         "attention.impl", {"expected fused", "model.position.kind " + kind, "score bias", "cuDNN"});
   }
   expect_invalid(
       [](RunConfig& c) {
-        c.attention.impl = "cudnn";
-        c.train.device = "cpu";
+        c.attention.impl = AttentionImpl::cudnn;
+        c.train.device = DeviceChoice::cpu;
       },
       "attention.impl", {"expected fused", "train.device cpu"});
   expect_invalid(
       [](RunConfig& c) {
-        c.attention.impl = "cudnn";
+        c.attention.impl = AttentionImpl::cudnn;
         c.model.n_head = 3;  // PoPE at head dim 256: q/k rows of 512
       },
       "attention.impl", {"head dim 256", "q/k width 512"});
-  expect_invalid([](RunConfig& c) { c.attention.impl = "flash"; }, "attention.impl",
-                 {"expected one of fused, cudnn", "\"flash\""});
   RunConfig fused_on_cpu;
   fused_on_cpu.model.position.kind = "alibi";
-  fused_on_cpu.train.device = "cpu";
+  fused_on_cpu.train.device = DeviceChoice::cpu;
   EXPECT_NO_THROW(validate(fused_on_cpu));
 }
 
 TEST(Config, BadEnumListsTheAllowedValues) {
   expect_json_error({{"model", {{"position", {{"kind", "popee"}}}}}}, "model.position.kind",
                     {"expected one of nope, none, rope, pope, alibi, rope_pi", "\"popee\""});
-  expect_invalid([](RunConfig& c) { c.train.device = "gpu"; }, "train.device", {"auto, cpu, cuda", "\"gpu\""});
-  expect_invalid([](RunConfig& c) { c.optim.schedule = "step"; }, "optim.schedule", {"cosine, linear, constant"});
+  expect_json_error({{"train", {{"device", "gpu"}}}}, "train.device", {"expected one of auto, cpu, cuda", "\"gpu\""});
+  expect_json_error({{"optim", {{"schedule", "step"}}}}, "optim.schedule", {"cosine, linear, constant"});
+  expect_json_error({{"attention", {{"impl", "flash"}}}}, "attention.impl", {"expected one of fused, cudnn"});
+  expect_json_error({{"optim", {{"schedule", 3}}}}, "optim.schedule", {"expected a string"});
+}
+
+// Every key that takes names refuses any other name, listing its names, and the names it
+// accepts round-trip through JSON unchanged.
+TEST(Config, RefusesUnknownNames) {
+  int named = 0;
+  for (const config_schema::Field& field : config_schema::fields()) {
+    const std::vector<std::string_view> names = config_schema::allowed_names(field);
+    if (names.empty() || field.path == "model.position.kind") continue;
+    ++named;
+    json bad = config_to_json(RunConfig{});
+    bad[config_schema::pointer_to(field.path)] = "no_such_name";
+    std::vector<std::string> fragments{"\"no_such_name\""};
+    for (std::string_view name : names) fragments.emplace_back(name);
+    expect_json_error(bad, std::string(field.path), fragments);
+    for (std::string_view name : names) {
+      json good = config_to_json(RunConfig{});
+      good[config_schema::pointer_to(field.path)] = std::string(name);
+      try {
+        EXPECT_EQ(config_to_json(config_from_json(good))[config_schema::pointer_to(field.path)], std::string(name));
+      } catch (const ConfigError& e) {
+        // A name may conflict with the defaults of other keys; it must not be refused as unknown.
+        EXPECT_EQ(e.message().find("expected one of"), std::string::npos) << field.path << ": " << e.what();
+      }
+    }
+  }
+  EXPECT_GE(named, 10);
 }
 
 TEST(Config, OverridesSetNestedKeysOfEveryType) {
@@ -486,11 +514,11 @@ TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
 
   const std::vector<std::function<void(RunConfig&)>> bookkeeping = {
       [](RunConfig& c) { c.train.log_every = 1; },        [](RunConfig& c) { c.train.checkpoint_every = 7; },
-      [](RunConfig& c) { c.train.keep_checkpoints = 9; }, [](RunConfig& c) { c.train.device = "cpu"; },
+      [](RunConfig& c) { c.train.keep_checkpoints = 9; }, [](RunConfig& c) { c.train.device = DeviceChoice::cpu; },
       [](RunConfig& c) { c.train.threads = 3; },          [](RunConfig& c) { c.train.steps = 5; },
       [](RunConfig& c) { c.out_dir = "elsewhere"; },      [](RunConfig& c) { c.train.eval_every = 1; },
       [](RunConfig& c) { c.train.eval_batches = 2; },    [](RunConfig& c) { c.train.zero_stage = 1; },
-      [](RunConfig& c) { c.train.ddp_bucket_mb = 0; },   [](RunConfig& c) { c.attention.impl = "cudnn"; }};
+      [](RunConfig& c) { c.train.ddp_bucket_mb = 0; },   [](RunConfig& c) { c.attention.impl = AttentionImpl::cudnn; }};
   RunConfig all_changed;
   for (const auto& change : bookkeeping) {
     RunConfig changed;
@@ -528,6 +556,29 @@ TEST(Config, GradAccumulationSplitsTheGlobalBatch) {
   expect_config_error([&] { config.grad_accumulation(3); }, "train.batch_size", {"16", "× world size (3) = 48"});
   expect_config_error([&] { config.grad_accumulation(8); }, "train.batch_size", {"= 128"});
   expect_config_error([&] { config.grad_accumulation(0); }, "train.batch_size", {"world size"});
+}
+
+// Each key that takes names lists every one in its row of the table, as `name`.
+TEST(Config, ReadmeListsEveryNameOfANamedKey) {
+  std::ifstream in(fs::path(POPE_SOURCE_DIR) / "configs/README.md");
+  ASSERT_TRUE(in) << "configs/README.md missing";
+  std::map<std::string, std::string> rows;  // key -> its table row
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("| `")) continue;
+    const std::size_t end = line.find('`', 3);
+    if (end != std::string::npos) rows.emplace(line.substr(3, end - 3), line);
+  }
+  int named = 0;
+  for (const config_schema::Field& field : config_schema::fields()) {
+    const std::vector<std::string_view> names = config_schema::allowed_names(field);
+    if (names.empty() || field.path == "model.position.kind") continue;  // the kinds have a table of their own
+    ++named;
+    const auto row = rows.find(std::string(field.path));
+    ASSERT_NE(row, rows.end()) << field.path << " has no row";
+    for (std::string_view name : names)
+      EXPECT_NE(row->second.find("`" + std::string(name) + "`"), std::string::npos) << field.path << ": " << name;
+  }
+  EXPECT_GE(named, 10);
 }
 
 TEST(Config, ReadmeDocumentsEveryKey) {

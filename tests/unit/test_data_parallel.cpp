@@ -68,7 +68,7 @@ class DataParallelTest : public pope::testing::TrainerRunTest {
                                            long stop_at = 0) {
     std::vector<std::vector<float>> params(static_cast<std::size_t>(ranks));
     run_ranks(ranks, [&](int rank, std::unique_ptr<Communicator> communicator) {
-      Trainer trainer(config_, options(run, resume, stop_at), make_backend("cpu", "float", 1),
+      Trainer trainer(config_, options(run, resume, stop_at), make_backend(DeviceChoice::cpu, "float", 1),
                       std::move(communicator));
       trainer.train();
       params[std::size_t(rank)] = trainer.model().parameters_to_host();
@@ -153,7 +153,7 @@ TEST_F(DataParallelTest, ASignalStopsEveryRankAtTheSameStepWithACheckpoint) {
   std::vector<long> steps(2);
   std::vector<StopReason> reasons(2);
   run_ranks(2, [&](int rank, std::unique_ptr<Communicator> communicator) {
-    Trainer trainer(config_, options("run"), make_backend("cpu", "float", 1), std::move(communicator));
+    Trainer trainer(config_, options("run"), make_backend(DeviceChoice::cpu, "float", 1), std::move(communicator));
     // Both threads share the process's stop flag, so the test sets it from rank 0's thread
     // once training has been set up; the ranks agree on the stop through their votes.
     if (rank == 0) Trainer::request_stop(SIGTERM);
@@ -175,7 +175,7 @@ TEST_F(DataParallelTest, StopVotesAreSummedOverRanks) {
   std::vector<int> votes(2);
   std::vector<double> losses(2);
   run_ranks(2, [&](int rank, std::unique_ptr<Communicator> communicator) {
-    auto backend = make_backend("cpu", "float", 1);
+    auto backend = make_backend(DeviceChoice::cpu, "float", 1);
     Model model(config_.model, *backend);
     model.initialize(1);
     AdamW adamw(model, config_.optim);
@@ -200,7 +200,7 @@ TEST_F(DataParallelTest, StopVotesAreSummedOverRanks) {
 TEST_F(DataParallelTest, RanksWhoseWeightsDivergedAreReported) {
   std::vector<std::string> errors(2);
   run_ranks(2, [&](int rank, std::unique_ptr<Communicator> communicator) {
-    Trainer trainer(config_, options("run"), make_backend("cpu", "float", 1), std::move(communicator));
+    Trainer trainer(config_, options("run"), make_backend(DeviceChoice::cpu, "float", 1), std::move(communicator));
     if (rank == 1) trainer.model().parameters().as<float>()[0] += 0.5f;
     try {
       trainer.train();

@@ -112,7 +112,7 @@ TEST(EvalLengths, SweepEqualsWindowByWindowForwardsPastTheTrainingLength) {
   write_llmc_shard(dir / "a.bin", books[0]);
   write_llmc_shard(dir / "b.bin", books[1]);
   const TokenDataset data = TokenDataset::open(dir.path().string(), 64);
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   for (const std::string kind : {"rope", "pope", "alibi"}) {
     Model model(tiny_model(kind), *backend);
     model.initialize(7);
@@ -169,7 +169,7 @@ TEST(EvalLengths, ReproducesTheTrainersValidationLoss) {
 
   // Loaded back from the checkpoint through the evaluation path, the same number.
   const EvalCheckpoint checkpoint = open_eval_checkpoint(dir / "run", {});
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   auto model = load_eval_model(checkpoint, *backend);
   EXPECT_NEAR(sweep_lengths(*model, val, options)[0].mean_nll(), logged, 1e-6);
   std::filesystem::remove_all(dir);
@@ -197,17 +197,17 @@ TEST(EvalCheckpoint, OpensRunAndStepDirectoriesWithOverrides) {
   yarn.yarn_beta = 16.0;
   const EvalCheckpoint scaled = open_eval_checkpoint(step_dir.string() + "/", {"model.context_length=16"}, yarn);
   EXPECT_EQ(scaled.label, "rope_run");
-  EXPECT_EQ(scaled.config.model.position.rope.scaling.kind, "yarn");
+  EXPECT_EQ(scaled.config.model.position.rope.scaling.kind, RopeScalingKind::yarn);
   EXPECT_EQ(scaled.config.model.position.rope.scaling.factor, 4.0);
   EXPECT_EQ(scaled.config.model.position.rope.scaling.yarn_beta, 16.0);
   EXPECT_EQ(scaled.config.model.context_length, 16);
   EXPECT_EQ(describe_position(scaled.config.model.position), "rope+yarn(s=4 a=1 b=16)");
   RopeScalingOverride dynamic;
   dynamic.kind = "dynamic-ntk";
-  EXPECT_EQ(open_eval_checkpoint(step_dir, {}, dynamic).config.model.position.rope.scaling.kind, "dynamic_ntk");
+  EXPECT_EQ(open_eval_checkpoint(step_dir, {}, dynamic).config.model.position.rope.scaling.kind, RopeScalingKind::dynamic_ntk);
 
   // The loaded weights are the checkpoint's.
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   auto model = load_eval_model(from_run, *backend);
   const CheckpointData saved = load_checkpoint(step_dir, model->layout(), true);
   EXPECT_EQ(model->parameters_to_host(), saved.params);

@@ -92,7 +92,7 @@ void expect_backward_cover(const std::vector<Range>& ranges, std::int64_t numel)
 // norm, last layer … first layer, embedding), and the gradients of a range do not change
 // after it was reported (the CPU backend has finished the work when the callback runs).
 TEST(GradientOverlap, TheBackwardReportsEveryParameterOnceFinalInBackwardOrder) {
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   const ModelConfig config = tiny_model();
   Model model(config, *backend);
   model.initialize(3);
@@ -133,7 +133,7 @@ TEST(GradientOverlap, TheBackwardReportsEveryParameterOnceFinalInBackwardOrder) 
 }
 
 TEST(GradientOverlap, OnlyTheLastMicroBatchStartsReductionsInBucketsOfTheConfiguredSize) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   const ModelConfig config = tiny_model();
   Model model(config, *backend);
   model.initialize(3);
@@ -179,7 +179,7 @@ TEST(GradientOverlap, OnlyTheLastMicroBatchStartsReductionsInBucketsOfTheConfigu
 // ZeRO-1 over a pretend world of two: each bucket's sums go to the rank owning its elements,
 // a bucket across the shard edge is split there, and no reduce-scatter follows.
 TEST(GradientOverlap, WithZeroOneEachBucketIsReducedToTheOwnersOfItsShards) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   const ModelConfig config = tiny_model();
   Model model(config, *backend, 2);
   model.initialize(3);
@@ -212,7 +212,7 @@ TEST(GradientOverlap, WithZeroOneEachBucketIsReducedToTheOwnersOfItsShards) {
 // updated: per chunk one piece per rank, at the same place in each shard, together covering the
 // padded arena once (without a separate compute copy, as here, the masters themselves).
 TEST(GradientOverlap, WithZeroOneTheUpdatedShardsAreBroadcastChunkByChunkByTheirOwners) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   Model model(tiny_model(), *backend, 2);
   model.initialize(3);
   const std::int64_t padded = model.padded_parameters().numel(), shard = padded / 2;
@@ -270,7 +270,7 @@ std::vector<float> train_ranks(int ranks, bool zero, std::int64_t bucket_bytes) 
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
       pope::testing::ThreadCommunicator communicator(world, r);
-      auto backend = make_backend("cpu", "float", 1);
+      auto backend = make_backend(DeviceChoice::cpu, "float", 1);
       Model model(config, *backend, zero ? ranks : 1);
       model.initialize(5);
       OptimConfig optim;

@@ -35,7 +35,7 @@ ModelConfig rope_model_with_vocabulary(int n_embd, int n_layer, int vocab, int p
 
 ModelConfig tiny_model(const std::string& kind) {
   ModelConfig c = pope::testing::model_config(pope::testing::kTinyShape, kind);
-  c.position.pope.delta_init = "uniform";  // non-zero δ so its gradient is exercised in general position
+  c.position.pope.delta_init = DeltaInit::uniform;  // non-zero δ so its gradient is exercised in general position
   c.init_std = 0.3;                        // larger weights: gradients well above rounding noise
   return c;
 }
@@ -97,7 +97,7 @@ TEST(ModelLayout, PjBiasParametersAreNamedPerLayerAndNotDecayed) {
 // ZeRO-1 broadcasts these ranges of fp32 masters each step (AdamW): they must hold every
 // positional parameter and nothing else but its alignment padding, sorted and disjoint.
 TEST(ModelLayout, MasterReadRangesAreExactlyThePositionalParameters) {
-  auto backend = make_backend("cpu");
+  auto backend = make_backend(DeviceChoice::cpu);
   for (const std::string kind : {"pjrope", "pope", "rope"}) {
     const Model model(paper_model(64, 4, 3, kind), *backend);
     const auto ranges = model.master_read_ranges();
@@ -131,7 +131,7 @@ TEST(ModelLayout, MasterReadRangesAreExactlyThePositionalParameters) {
 TEST(ModelInit, PjBiasStartsAffine) {
   // gate_init affine: every layer's bias starts at ≈ −1.92933·Δ/L (the FJ/LC amplitudes
   // are 0.02·N(0, 1), so only approximately).
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   ModelConfig c = paper_model(64, 4, 2, "affine");
   c.context_length = 64;
   c.vocab_size = 100;
@@ -146,7 +146,7 @@ TEST(ModelInit, PjBiasStartsAffine) {
 }
 
 TEST(ModelInit, ScalesAndPaddingRows) {
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   const ModelConfig c = rope_model_with_vocabulary(64, 4, 1000, 1024);
   Model model(c, *backend);
   model.initialize(3);
@@ -175,7 +175,7 @@ TEST(ModelInit, ScalesAndPaddingRows) {
 // those of successive Rng::normal() calls, across the chunk edge at 2^20 values too (the
 // embedding here holds 4100 × 256 > 2^20 of them) and on any number of cores.
 TEST(ModelInit, NormalValuesAreTheSequentialDraws) {
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   const ModelConfig c = rope_model_with_vocabulary(256, 1, 4100, 4160);
   Model model(c, *backend);
   model.initialize(7);
@@ -194,7 +194,7 @@ TEST(ModelInit, NormalValuesAreTheSequentialDraws) {
 class ModelGradient : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelGradient, MatchesFiniteDifferencesInDouble) {
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   const ModelConfig c = tiny_model(GetParam());
   Model model(c, *backend);
   model.initialize(11);
@@ -239,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(Encodings, ModelGradient,
                          [](const auto& info) { return info.param; });
 
 TEST(ModelForward, MaskedTargetsAndTokenLosses) {
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   const ModelConfig c = tiny_model("pope");
   Model model(c, *backend);
   model.initialize(1);
@@ -267,7 +267,7 @@ TEST(ModelForward, MaskedTargetsAndTokenLosses) {
 // forward_backward reports the same per-token losses as forward: on the CPU both passes compute
 // the logits in the backend's own precision (only a bf16 backend evaluates in wider logits).
 TEST(ModelForward, ForwardBackwardReportsTheForwardsTokenLosses) {
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   const ModelConfig c = tiny_model("rope");
   Model model(c, *backend);
   model.initialize(3);
@@ -286,7 +286,7 @@ TEST(ModelForward, ForwardBackwardReportsTheForwardsTokenLosses) {
 }
 
 TEST(ModelForward, RejectsTokensOutsideTheVocabulary) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   const ModelConfig c = tiny_model("rope");
   Model model(c, *backend);
   model.initialize(1);
@@ -295,8 +295,8 @@ TEST(ModelForward, RejectsTokensOutsideTheVocabulary) {
 }
 
 TEST(ModelForward, FloatAgreesWithDouble) {
-  auto f = make_backend("cpu", "float", 1);
-  auto d = make_backend("cpu", "double", 1);
+  auto f = make_backend(DeviceChoice::cpu, "float", 1);
+  auto d = make_backend(DeviceChoice::cpu, "double", 1);
   for (const std::string kind : {"rope", "pope", "alibi", "full", "pj_rotary"}) {
     const ModelConfig c = tiny_model(kind);
     Model mf(c, *f), md(c, *d);
@@ -312,7 +312,7 @@ TEST(ModelForward, FloatAgreesWithDouble) {
 }
 
 TEST(ModelRecompute, GradientsAreBitwiseTheSame) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   const ModelConfig c = tiny_model("pope");
   Model stored(c, *backend), recomputed(c, *backend);
   stored.initialize(3);
@@ -336,7 +336,7 @@ TEST(ModelRecompute, GradientsAreBitwiseTheSame) {
 // The classifier runs over row chunks (4,096 rows): the per-token losses on both sides of a
 // chunk edge are those of the logits of their own rows.
 TEST(ModelClassifier, TokenLossesAcrossChunkEdgesMatchTheirRowsLogits) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   const ModelConfig config = tiny_model("rope");
   Model model(config, *backend);
   model.initialize(5);

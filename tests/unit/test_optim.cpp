@@ -23,9 +23,9 @@ TEST(LearningRate, WarmupThenCosineLinearOrConstant) {
   EXPECT_NEAR(learning_rate(c, 60, total), 5.5e-4, 1e-15);
   EXPECT_DOUBLE_EQ(learning_rate(c, 110, total), 1e-4);
   EXPECT_DOUBLE_EQ(learning_rate(c, 500, total), 1e-4);
-  c.schedule = "linear";
+  c.schedule = LrSchedule::linear;
   EXPECT_NEAR(learning_rate(c, 35, total), 1e-4 + 0.75 * 9e-4, 1e-15);
-  c.schedule = "constant";
+  c.schedule = LrSchedule::constant;
   EXPECT_DOUBLE_EQ(learning_rate(c, 35, total), 1e-3);
   EXPECT_DOUBLE_EQ(learning_rate(c, 3, total), 4e-4);  // warmup still applies
 }
@@ -39,7 +39,7 @@ ModelConfig small_model() {
 }  // namespace
 
 TEST(AdamWStep, ClipsByGlobalNormAndDecaysOnlyMatrices) {
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   Model model(small_model(), *backend);
   model.initialize(1);
   OptimConfig oc;
@@ -69,7 +69,7 @@ TEST(AdamWStep, ClipsByGlobalNormAndDecaysOnlyMatrices) {
 }
 
 TEST(AdamWStep, NonFiniteGradientLeavesEverythingUntouched) {
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   Model model(small_model(), *backend);
   model.initialize(1);
   AdamW adamw(model, OptimConfig{});

@@ -30,7 +30,7 @@ ModelConfig tiny_model(const std::string& kind) {
 }
 
 struct TinyModel {
-  std::unique_ptr<Backend> backend = make_backend("cpu", "float", 1);
+  std::unique_ptr<Backend> backend = make_backend(DeviceChoice::cpu, "float", 1);
   Model model;
   std::vector<float> params;
   explicit TinyModel(const ModelConfig& c) : model(c, *backend) {

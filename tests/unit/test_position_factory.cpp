@@ -41,7 +41,7 @@ TEST(PositionFactory, PassesTheOptionsThrough) {
   EXPECT_EQ(table[2], 0.0);  // head 2 of 4 has no slope with half the heads biased
 
   config = model_with("rope");
-  config.position.rope.scaling.kind = "yarn";
+  config.position.rope.scaling.kind = RopeScalingKind::yarn;
   config.position.rope.scaling.factor = 4.0;
   EXPECT_GT(make_position_encoding(config)->softmax_scale(make_context(8, 64)), 0.125);
 }

@@ -88,9 +88,9 @@ TEST(PositionMethods, RopeMethodsFixTheirScaling) {
   EXPECT_NEAR(yarn->softmax_scale(make_context(8, 64)), std::pow(0.1 * std::log(4.0) + 1.0, 2) / 8.0, 1e-15);
 
   config.position.kind = "rope_ntk";
-  config.position.rope.scaling.kind = "yarn";  // contradicts the name
+  config.position.rope.scaling.kind = RopeScalingKind::yarn;  // contradicts the name
   EXPECT_EQ(config_error_path(config), "model.position.rope.scaling.kind");
-  config.position.rope.scaling.kind = "ntk";  // agrees: fine
+  config.position.rope.scaling.kind = RopeScalingKind::ntk;  // agrees: fine
   EXPECT_EQ(config_error_path(config), "");
 }
 
@@ -99,8 +99,6 @@ TEST(PositionMethods, BadPjOptionsNameTheirKey) {
   config.position.pj.rotary_order = 2;  // blocks of 6 do not divide 64
   EXPECT_EQ(config_error_path(config), "model.position.pj.rotary_order");
   config = model_with("full");
-  config.position.pj.rho = "cubic";
-  EXPECT_EQ(config_error_path(config), "model.position.pj.rho");
   config = model_with("nonsense");
   EXPECT_EQ(config_error_path(config), "model.position.kind");
 }

@@ -16,7 +16,7 @@ namespace {
 
 constexpr PjSectorMask kAll{true, true, true};
 
-PjConfig pj_config(int order, const std::string& rho = "linear", const std::string& gate_init = "affine") {
+PjConfig pj_config(int order, PjRho rho = PjRho::linear, PjGateInit gate_init = PjGateInit::affine) {
   PjConfig config;
   config.order = order;
   config.rho = rho;
@@ -117,14 +117,14 @@ TEST(PjBias, GoldenTableLinearAndLightcone) {
   const double linear[] = {0.082508065, 0.073415253, -0.016848748, -0.201342154, -0.216452635, -1.774781422};
   const double lightcone[] = {0.082508065, 0.073415389, -0.016831872, -0.177048060, -0.191193280, -0.697440078};
   const PositionContext ctx = make_context(501, 8, 1, 0, 64);
-  for (const std::string rho : {"linear", "lightcone"}) {
+  for (PjRho rho : {PjRho::linear, PjRho::lightcone}) {
     const PjBiasEncoding bias(pj_config(2, rho), kAll, 64);
     const std::vector<double> table = bias_table(bias, ctx, 0, golden_parameters());
     std::vector<std::vector<float>> params_f;
     for (const auto& p : golden_parameters()) params_f.emplace_back(p.begin(), p.end());
     const std::vector<float> table_f = bias_table(bias, ctx, 0, params_f);
     for (int i = 0; i < 6; ++i) {
-      const double expected = rho == "linear" ? linear[i] : lightcone[i];
+      const double expected = rho == PjRho::linear ? linear[i] : lightcone[i];
       EXPECT_NEAR(table[lags[i]], expected, 1e-8) << rho << " Δ = " << lags[i];
       EXPECT_NEAR(table_f[lags[i]], expected, 2e-6) << rho << " Δ = " << lags[i] << " (float)";
     }
@@ -133,7 +133,7 @@ TEST(PjBias, GoldenTableLinearAndLightcone) {
 
 TEST(PjBias, GradientsOfEveryParameterMatchFiniteDifferences) {
   // T = 300 at L = 64: lags up to ~4.7 L, where ∂b/∂ω carries the factor Δ (or φ).
-  for (const std::string rho : {"linear", "lightcone"}) {
+  for (PjRho rho : {PjRho::linear, PjRho::lightcone}) {
     for (int order : {0, 2, 3}) {
       const PjBiasEncoding bias(pj_config(order, rho), kAll, 64);
       auto params = random_parameters(bias, 2, 1);
@@ -252,7 +252,7 @@ TEST(PjBias, AffineInitGivesTheSpecsGatesSlopeAndFrequencies) {
 TEST(PjBias, OtherInitModes) {
   const PositionContext ctx = make_context(100, 64, 8, 0, 1024);
   {  // uniform: γ = 0, s̃ = 0.
-    const PjBiasEncoding bias(pj_config(3, "linear", "uniform"), kAll, 1024);
+    const PjBiasEncoding bias(pj_config(3, PjRho::linear, PjGateInit::uniform), kAll, 1024);
     const auto params = initial_parameters(bias, 8);
     const PjHead head = resolve_pj_head<double>(value_pointers(params), 5, 3, kAll);
     for (double g : head.gate) EXPECT_NEAR(g, 1.0 / 3.0, 1e-15);
@@ -260,7 +260,7 @@ TEST(PjBias, OtherInitModes) {
   }
   {  // alibi: g_A·s_h/L = the ALiBi slope of head h (for all sectors and for affine alone).
     for (const PjSectorMask sectors : {kAll, PjSectorMask{false, true, false}}) {
-      const PjBiasEncoding bias(pj_config(3, "linear", "alibi"), sectors, 1024);
+      const PjBiasEncoding bias(pj_config(3, PjRho::linear, PjGateInit::alibi), sectors, 1024);
       const auto params = initial_parameters(bias, 8);
       const std::vector<double> slopes = alibi_slopes(8);
       for (int h = 0; h < 8; ++h) {
@@ -270,7 +270,7 @@ TEST(PjBias, OtherInitModes) {
     }
   }
   {  // zero: ζ = ζ' = 0 and s̃ = −10: the bias is practically zero everywhere.
-    const PjBiasEncoding bias(pj_config(3, "linear", "zero"), kAll, 1024);
+    const PjBiasEncoding bias(pj_config(3, PjRho::linear, PjGateInit::zero), kAll, 1024);
     const auto specs = bias.layer_parameters(8, 64);
     EXPECT_EQ(specs[kPjFjRe].init, InitKind::zeros);
     EXPECT_EQ(specs[kPjLcIm].init, InitKind::zeros);
@@ -290,8 +290,6 @@ TEST(PjBias, RejectsBadOptionsAndArguments) {
   };
   expect_key(pj_config(16), "model.position.pj.order");
   expect_key(pj_config(-1), "model.position.pj.order");
-  expect_key(pj_config(2, "quadratic"), "model.position.pj.rho");
-  expect_key(pj_config(2, "linear", "random"), "model.position.pj.gate_init");
   EXPECT_THROW(PjBiasEncoding(pj_config(2), kAll, 0), ConfigError);
 
   const PjBiasEncoding bias(pj_config(2), kAll, 64);

@@ -14,7 +14,7 @@ using namespace pope::testing;
 
 namespace {
 
-RopeConfig rope_config(const std::string& scaling = "none", double factor = 1.0, double fraction = 1.0) {
+RopeConfig rope_config(RopeScalingKind scaling = RopeScalingKind::none, double factor = 1.0, double fraction = 1.0) {
   RopeConfig config;
   config.fraction = fraction;
   config.scaling.kind = scaling;
@@ -60,7 +60,7 @@ TEST(Rope, ScoreDependsOnlyOnRelativePosition) {
 }
 
 TEST(Rope, PreservesNorms) {
-  const RopeEncoding rope(rope_config("yarn", 4.0, 0.5));
+  const RopeEncoding rope(rope_config(RopeScalingKind::yarn, 4.0, 0.5));
   const std::vector<double> x = random_values(64, -1, 1, 3);
   for (int p : {0, 1, 777, 16000})
     EXPECT_NEAR(norm(transform_at(rope, make_context(1, 64), p, 1, true, x)), norm(x), 1e-12) << "p = " << p;
@@ -83,7 +83,7 @@ TEST(Rope, FloatRotationStaysAccurateAtLongPositions) {
 }
 
 TEST(Rope, PartialRotationLeavesTheOtherChannelsUntouched) {
-  const RopeEncoding rope(rope_config("none", 1.0, 0.5));
+  const RopeEncoding rope(rope_config(RopeScalingKind::none, 1.0, 0.5));
   const PositionContext ctx = make_context(1, 64);
   const std::vector<double> x = random_values(64, -1, 1, 4);
   const std::vector<double> y = transform_at(rope, ctx, 123, 0, false, x);
@@ -96,7 +96,7 @@ TEST(Rope, PartialRotationLeavesTheOtherChannelsUntouched) {
 }
 
 TEST(Rope, PositionInterpolationDividesFrequencies) {
-  const RopeEncoding rope(rope_config("pi", 4.0));
+  const RopeEncoding rope(rope_config(RopeScalingKind::pi, 4.0));
   const std::vector<double> theta = rope.frequencies(make_context(8, 64));
   EXPECT_DOUBLE_EQ(theta[0], 0.25);
   EXPECT_NEAR(theta[1], 0.7498942093324559 / 4, 1e-15);
@@ -104,7 +104,7 @@ TEST(Rope, PositionInterpolationDividesFrequencies) {
 }
 
 TEST(Rope, NtkScalesTheBase) {
-  const RopeEncoding rope(rope_config("ntk", 4.0));
+  const RopeEncoding rope(rope_config(RopeScalingKind::ntk, 4.0));
   const std::vector<double> theta = rope.frequencies(make_context(8, 64));
   const double scaled_base = 10000.0 * std::pow(4.0, 64.0 / 62.0);  // ≈ 41829.37
   EXPECT_NEAR(scaled_base, 41829.36592889948, 1e-8);
@@ -115,9 +115,9 @@ TEST(Rope, NtkScalesTheBase) {
 }
 
 TEST(Rope, DynamicNtkScalesOnlyPastTheTrainingLength) {
-  const RopeEncoding dynamic(rope_config("dynamic_ntk"));
+  const RopeEncoding dynamic(rope_config(RopeScalingKind::dynamic_ntk));
   const RopeEncoding plain(rope_config());
-  const RopeEncoding ntk2(rope_config("ntk", 2.0));
+  const RopeEncoding ntk2(rope_config(RopeScalingKind::ntk, 2.0));
   EXPECT_EQ(dynamic.frequencies(make_context(1024, 64)), plain.frequencies(make_context(1024, 64)));
   // T = position_offset + seq_len = 2048 = 2·L_train → NTK with s = 2.
   const std::vector<double> extended = dynamic.frequencies(make_context(1024, 64, 2, 1024));
@@ -126,7 +126,7 @@ TEST(Rope, DynamicNtkScalesOnlyPastTheTrainingLength) {
 }
 
 TEST(Rope, YarnRampsBetweenInterpolationAndTheOriginalFrequencies) {
-  const RopeEncoding rope(rope_config("yarn", 4.0));
+  const RopeEncoding rope(rope_config(RopeScalingKind::yarn, 4.0));
   const std::vector<double> theta = rope.frequencies(make_context(8, 64, 2, 0, 1024));
   // m = 0: θ = 1 rotates 1024/(2π) ≈ 163 times over L_train ≥ β = 32 → unchanged.
   EXPECT_DOUBLE_EQ(theta[0], 1.0);
@@ -143,18 +143,19 @@ TEST(Rope, YarnRampsBetweenInterpolationAndTheOriginalFrequencies) {
 TEST(Rope, SoftmaxScaleIncludesTheYarnTemperature) {
   const PositionContext ctx = make_context(8, 64);
   EXPECT_DOUBLE_EQ(RopeEncoding(rope_config()).softmax_scale(ctx), 0.125);
-  EXPECT_DOUBLE_EQ(RopeEncoding(rope_config("pi", 4.0)).softmax_scale(ctx), 0.125);
+  EXPECT_DOUBLE_EQ(RopeEncoding(rope_config(RopeScalingKind::pi, 4.0)).softmax_scale(ctx), 0.125);
   const double t = 0.1 * std::log(4.0) + 1.0;  // ≈ 1.1386
-  EXPECT_NEAR(RopeEncoding(rope_config("yarn", 4.0)).softmax_scale(ctx), 0.125 * t * t, 1e-15);
-  EXPECT_NEAR(RopeEncoding(rope_config("yarn", 4.0)).softmax_scale(ctx), 0.16206, 1e-5);
-  RopeConfig fixed = rope_config("yarn", 4.0);
+  EXPECT_NEAR(RopeEncoding(rope_config(RopeScalingKind::yarn, 4.0)).softmax_scale(ctx), 0.125 * t * t, 1e-15);
+  EXPECT_NEAR(RopeEncoding(rope_config(RopeScalingKind::yarn, 4.0)).softmax_scale(ctx), 0.16206, 1e-5);
+  RopeConfig fixed = rope_config(RopeScalingKind::yarn, 4.0);
   fixed.scaling.yarn_temperature = 1.2;
   EXPECT_NEAR(RopeEncoding(fixed).softmax_scale(ctx), 0.125 * 1.44, 1e-15);
 }
 
 TEST(Rope, BackwardMatchesFiniteDifferencesUnderEveryScaling) {
   const int d = 16, t_len = 5, stride = 3 * d;  // stride like the fused qkv activation
-  for (const char* scaling : {"none", "pi", "ntk", "dynamic_ntk", "yarn"}) {
+  for (RopeScalingKind scaling : {RopeScalingKind::none, RopeScalingKind::pi, RopeScalingKind::ntk,
+                                  RopeScalingKind::dynamic_ntk, RopeScalingKind::yarn}) {
     for (double fraction : {1.0, 0.5}) {
       const RopeEncoding rope(rope_config(scaling, 3.0, fraction));
       // Offset 40 with L_train 32 puts dynamic NTK past the training length.
@@ -181,11 +182,10 @@ TEST(Rope, BackwardAccumulatesIntoDx) {
 }
 
 TEST(Rope, RejectsBadOptionsAndArguments) {
-  EXPECT_THROW((void)RopeEncoding(rope_config("linear")), ConfigError);
-  EXPECT_THROW((void)RopeEncoding(rope_config("pi", 0.5)), ConfigError);
-  EXPECT_THROW((void)RopeEncoding(rope_config("none", 1.0, 0.0)), ConfigError);
+  EXPECT_THROW((void)RopeEncoding(rope_config(RopeScalingKind::pi, 0.5)), ConfigError);
+  EXPECT_THROW((void)RopeEncoding(rope_config(RopeScalingKind::none, 1.0, 0.0)), ConfigError);
   try {
-    RopeEncoding(rope_config("none", 1.0, 0.3)).frequencies(make_context(1, 64));  // 19.2 channels
+    RopeEncoding(rope_config(RopeScalingKind::none, 1.0, 0.3)).frequencies(make_context(1, 64));  // 19.2 channels
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.path(), "model.position.rope.fraction");

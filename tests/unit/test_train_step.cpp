@@ -19,7 +19,7 @@ namespace {
 
 ModelConfig tiny_model() {
   ModelConfig c = pope::testing::model_config(pope::testing::kTinyShape, "pope");
-  c.position.pope.delta_init = "uniform";  // δ takes part in the update too
+  c.position.pope.delta_init = DeltaInit::uniform;  // δ takes part in the update too
   return c;
 }
 
@@ -51,7 +51,7 @@ struct Trained {
 
 // The per-step path TrainStep replaces.
 Trained train_per_step(const std::vector<StepBatch>& batches) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   Model model(tiny_model(), *backend);
   model.initialize(5);
   AdamW adamw(model, clipping_optimizer());
@@ -78,7 +78,7 @@ Trained train_per_step(const std::vector<StepBatch>& batches) {
 }
 
 Trained train_with_train_step(const std::vector<StepBatch>& batches, bool time_phases = false) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   Model model(tiny_model(), *backend);
   model.initialize(5);
   AdamW adamw(model, clipping_optimizer());
@@ -127,14 +127,14 @@ TEST(TrainStep, EqualsThePerStepPathBitwise) {
   EXPECT_EQ(got.v, want.v);
   // The run did something: the loss sums are those of real tokens and the weights moved.
   for (double loss : got.loss_sums) EXPECT_GT(loss, 0.0);
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   Model initial(tiny_model(), *backend);
   initial.initialize(5);
   EXPECT_NE(got.params, initial.parameters_to_host());
 }
 
 TEST(TrainStep, ANonFiniteStepIsSkippedAndReported) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   Model model(tiny_model(), *backend);
   model.initialize(5);
   AdamW adamw(model, clipping_optimizer());
@@ -174,7 +174,7 @@ TEST(TrainStep, TimingThePhasesChangesNoResult) {
 // The CPU's timed fences take the clock when recorded; the time between two is at least the
 // time slept between them, and a fence not yet recorded cannot be measured.
 TEST(TimedFence, CpuFencesMeasureTheTimeBetweenTheirRecords) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   auto first = backend->make_timed_fence(), second = backend->make_timed_fence();
   EXPECT_THROW(second->seconds_since(*first), std::logic_error);
   first->record();
@@ -186,7 +186,7 @@ TEST(TimedFence, CpuFencesMeasureTheTimeBetweenTheirRecords) {
 }
 
 TEST(TrainStep, KeepsTheResultsOfTheLastTwoSteps) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   Model model(tiny_model(), *backend);
   model.initialize(5);
   AdamW adamw(model, clipping_optimizer());
@@ -208,7 +208,7 @@ TEST(TrainStep, KeepsTheResultsOfTheLastTwoSteps) {
 }
 
 TEST(TrainStep, RefusesBadShapesTokensAndSteps) {
-  auto backend = make_backend("cpu", "float", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
   Model model(tiny_model(), *backend);
   AdamW adamw(model, clipping_optimizer());
   EXPECT_THROW(TrainStep(model, adamw, TrainStepShape{0, 3, 5, 1.0}), std::invalid_argument);

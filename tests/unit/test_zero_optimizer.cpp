@@ -64,7 +64,7 @@ std::vector<RankResult> train(int ranks, bool sharded, int resume_steps = 0) {
     threads.emplace_back([&, r] {
       pope::testing::ThreadCommunicator communicator(world, r);
       try {
-        auto backend = make_backend("cpu", "double", 1);
+        auto backend = make_backend(DeviceChoice::cpu, "double", 1);
         const auto run = [&](Model& model, AdamW& adamw, long first, long last) {
           TrainStep step(model, adamw, TrainStepShape{per_rank, kB, kT, 1.0 / (6 * kB * kT)}, true, &communicator);
           for (long s = first; s <= last; ++s) {
@@ -134,7 +134,7 @@ TEST_P(ZeroOptimizer, ShardedStepsGiveTheUnshardedWeightsAndMoments) {
     expect_close(reference[0].v, sharded[std::size_t(r)].v, "second moments gathered");
   }
   // The weights moved (the comparison is not of two untouched initialisations).
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   Model fresh(tiny_model(), *backend);
   fresh.initialize(7);
   EXPECT_GT(std::abs(fresh.parameters_to_host()[5] - reference[0].weights[5]), 1e-5);
@@ -161,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ZeroOptimizer, ::testing::Values(2, 3));
 TEST(ZeroOptimizerSetup, AnArenaNotPaddedToTheRanksIsRefused) {
   auto world = std::make_shared<pope::testing::ThreadWorld>(3);
   pope::testing::ThreadCommunicator communicator(world, 0);
-  auto backend = make_backend("cpu", "double", 1);
+  auto backend = make_backend(DeviceChoice::cpu, "double", 1);
   Model model(tiny_model(), *backend);  // arena_multiple 1
   ASSERT_NE(model.parameters().numel() % 3, 0);
   EXPECT_THROW(AdamW(model, optim_config(), &communicator), std::invalid_argument);

@@ -52,7 +52,7 @@ inline RunConfig tiny_run_config(const std::filesystem::path& dir) {
   c.train.eval_every = 0;
   c.train.eval_batches = 2;
   c.train.checkpoint_every = 0;
-  c.train.device = "cpu";
+  c.train.device = DeviceChoice::cpu;
   c.train.threads = 1;
   return c;
 }

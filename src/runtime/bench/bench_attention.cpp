@@ -273,7 +273,7 @@ std::string format_attention_bench(const std::vector<AttentionBenchRow>& rows) {
   for (const AttentionBenchRow& r : rows)
     text += fmt::format(
         "{:<16} {:>5} {:>6} {:>3} {:>4} {:>4} {:>4} {:>6} | {:>9.3f} {:>9.3f} {:>9.3f} | {:>7.1f} {:>7.1f} {:>7.1f}\n",
-        r.encoding, attention_impl_name(r.impl), r.seq_len, r.batch, r.n_head, r.head_dim, r.qk_width,
+        r.encoding, name_of(r.impl), r.seq_len, r.batch, r.n_head, r.head_dim, r.qk_width,
         r.deterministic ? "fixed" : "atomic",
         r.forward_ms, r.backward_ms, r.total_ms, r.forward_tflops(), r.backward_tflops(), r.total_tflops());
   text +=
@@ -287,7 +287,7 @@ nlohmann::json attention_bench_to_json(const std::vector<AttentionBenchRow>& row
   nlohmann::json list = nlohmann::json::array();
   for (const AttentionBenchRow& r : rows)
     list.push_back({{"encoding", r.encoding},
-                    {"impl", std::string(attention_impl_name(r.impl))},
+                    {"impl", std::string(name_of(r.impl))},
                     {"deterministic", r.deterministic},
                     {"batch", r.batch},
                     {"seq_len", r.seq_len},

@@ -132,7 +132,7 @@ TrainBenchResult run_train_benchmark(const RunConfig& config, const TrainBenchOp
   Model model(config.model, backend);
   model.set_activation_recompute(config.train.activation_recompute);
   model.set_deterministic(config.train.deterministic);
-  model.set_attention_impl(attention_impl_from_name(config.attention.impl));
+  model.set_attention_impl(config.attention.impl);
   model.initialize(config.train.seed);
   AdamW optimizer(model, config.optim);
   StepRunner runner(config, backend, model, optimizer, batches);
