@@ -35,10 +35,11 @@ struct BiasChoice {
   static constexpr ScoreBias policy = kPolicy;
 };
 
-// Whether kernels of q/k width kW have the linear policy: the wgmma ones at W = 64 (in the
-// mma.sync key kernel a linear copy more than doubled the register spills).
-template <int kW, bool kWgmma>
-constexpr bool kLinearBias = kW == 64 && kWgmma;
+// Whether kernels of q/k width kW on main loop MainLoop (flash_mainloop_sm80.cuh, _sm90.cuh)
+// have the linear policy: the wgmma ones at W = 64 (MainLoop::linear_bias; in the mma.sync key
+// kernel a linear copy more than doubled the register spills).
+template <int kW, class MainLoop>
+constexpr bool kLinearBias = kW == 64 && MainLoop::linear_bias;
 
 // Which policy a kernel of choice Bias applies for `head`; kLinearCopy: whether a copies kernel
 // has the linear copy (kLinearBias).
@@ -80,9 +81,10 @@ __device__ __forceinline__ void with_bias(const HeadBias<Bias, kLinearCopy>& hea
 }
 
 // Whether a kernel's score accumulators start from the tile's bias slots (start_from_bias): the
-// wgmma kernels built for the table policy (the forward and the query kernel).
-template <bool kWgmma, class Bias>
+// wgmma kernels (MainLoop::starts_from_bias) built for the table policy (the forward and the
+// query kernel).
+template <class MainLoop, class Bias>
 constexpr bool kTableInAccumulators =
-    kWgmma && Bias::dispatch == BiasDispatch::per_kernel && Bias::policy == ScoreBias::table;
+    MainLoop::starts_from_bias && Bias::dispatch == BiasDispatch::per_kernel && Bias::policy == ScoreBias::table;
 
 }  // namespace pope::kernels
