@@ -124,9 +124,10 @@ if [ -z "$torch_python" ]; then
   exit 0
 fi
 
-# Every registered encoding at its defaults (pope-bench encodings), then options, against the
-# oracle (CPU float dump: tight tolerances). The oracle exits 3 for a kind it does not implement
-# (the PJ-RoPE methods): reported as a skip of that kind, not a pass.
+# Every registered encoding at its defaults (pope-bench encodings), then options (scalings past the
+# training length among them), against the oracle (CPU float dump: tight tolerances). The oracle
+# exits 3 for a kind it does not implement (a kind newer than python/pope_hf/modeling_pope.py):
+# reported as a skip of that kind, not a pass.
 expect_exit 0 "$BENCH" encodings
 kinds=$(cut -f1 "$SCRATCH/out")
 for kind in nope rope pope alibi xpos t5_bias; do grep -qx "$kind" <<<"$kinds" || fail "pope-bench encodings lacks $kind"; done
@@ -138,6 +139,14 @@ variants+=(
   "pope_ablation|--set model.position.pope.magnitude=identity --set model.position.pope.scale=inv_sqrt_2d"
   "pope_no_delta|--set model.position.pope.learn_delta=false --set model.position.pope.magnitude=relu"
   "alibi_half|--set model.position.kind=alibi --set model.n_head=4 --set model.position.alibi.head_fraction=0.5"
+  "alibi_6_of_8|--set model.position.kind=alibi --set model.n_head=8 --set model.position.alibi.head_fraction=0.75"
+  "rope_yarn_4|--set model.position.kind=rope_yarn --set model.position.rope.scaling.factor=4 --set train.seq_len=32"
+  "rope_dynamic_ntk|--set model.position.kind=rope --set model.position.rope.scaling.kind=dynamic_ntk --set train.seq_len=40"
+  "rope_ntk_half|--set model.position.kind=rope_ntk --set model.position.rope.scaling.factor=3 --set model.position.rope.fraction=0.5"
+  "full_k1_lightcone|--set model.position.kind=full --set model.position.pj.order=1 --set model.position.pj.rho=lightcone --set train.seq_len=40"
+  "pj_rotary_k3|--set model.position.kind=pj_rotary --set model.position.pj.rotary_order=3 --set model.position.pj.rotary_base=100"
+  "t5_bias_9_buckets|--set model.position.kind=t5_bias --set model.position.t5_bias.buckets=9 --set model.position.t5_bias.max_distance=12 --set train.seq_len=40"
+  "xpos_fast_decay|--set model.position.kind=xpos --set model.position.xpos.scale_base=8 --set train.seq_len=40"
 )
 for variant in "${variants[@]}"; do
   name="${variant%%|*}"
