@@ -72,6 +72,32 @@ struct AttentionBackward {
   AttentionImpl impl = AttentionImpl::fused;
 };
 
+// One layer's key/value cache for incremental decoding, rows [0, capacity) per (sequence, head):
+// keys as the scores see them (the encoding's q/k transform applied at their positions), values
+// as they are. An encoding whose transform changes with the total length (dynamic NTK) also
+// keeps the keys before the transform, and every call encodes all of them again.
+struct KvCacheLayer {
+  Tensor keys;      // [B, H, capacity, qk_width], activation dtype
+  Tensor values;    // [B, H, capacity, head_dim]
+  Tensor raw_keys;  // [B, H, capacity, head_dim] where PositionEncoding::transform_varies_with_length; else empty
+};
+
+// Attention of n new rows per sequence at positions p0 … p0 + n − 1 (p0 = position.position_offset,
+// the rows already cached, the same for every sequence) over the cached rows and themselves: the
+// call writes the new rows' keys and values into cache rows [p0, p0 + n), then
+//   out_t = Σ_{s ≤ t} softmax_s(<q̃_t, k̃_s> · scale + b_h(t − s)) v_s
+// with the scale and bias of a call covering positions [0, p0 + n): the last rows of a full
+// forward over the same tokens.
+struct AttentionDecode {
+  AttentionShape shape;  // seq_len: n, the new rows per sequence
+  const PositionEncoding* encoding = nullptr;
+  PositionContext position;  // seq_len n, position_offset p0
+  Tensor qkv;                // [B·n, 3C], the new rows
+  Tensor out;                // [B·n, C]
+  std::span<const Tensor> position_params;
+  KvCacheLayer cache;
+};
+
 // One contiguous run of the parameter arena with its weight-decay flag.
 struct ParamSegment {
   std::int64_t offset = 0;
@@ -213,6 +239,9 @@ class Backend {
   // Causal attention with the encoding's transform, bias and scale.
   virtual void attention_forward(const AttentionForward& args) = 0;
   virtual void attention_backward(const AttentionBackward& args) = 0;
+  // Incremental decoding's attention (AttentionDecode). The default refuses: a backend without it
+  // cannot generate.
+  virtual void attention_decode(const AttentionDecode& args);
   // Elements (activation dtype) of AttentionForward::encoded that this backend can keep for the
   // backward of one such call; 0: it keeps nothing (the CPU backend).
   virtual std::int64_t attention_encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) const {

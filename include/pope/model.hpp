@@ -12,6 +12,7 @@
 
 #include "pope/backend.hpp"
 #include "pope/config.hpp"
+#include "pope/kv_cache.hpp"
 #include "pope/position.hpp"
 #include "pope/tensor.hpp"
 
@@ -120,6 +121,16 @@ class Model {
   // element). Token ids the GPU finds out of range are reported by the next synchronize().
   void forward_backward(Tensor tokens, Tensor targets, int B, int T, double grad_scale, Tensor loss_sum);
 
+  // Incremental decoding. make_kv_cache allocates the cache of `batch` sequences of up to
+  // `capacity` positions; an encoding that is only defined up to the training length (RoPE
+  // without scaling) refuses a capacity past it (std::invalid_argument saying so). decode runs
+  // n new tokens per sequence (host int32 [batch · n], sequence after sequence) at the cache's
+  // next positions, appends them to the cache, and returns fp32 logits over the real
+  // vocabulary: of each sequence's last new row [batch × vocab_size], or with all_rows of every
+  // new row [batch · n × vocab_size]. They equal logits_at's over the same tokens up to rounding.
+  std::unique_ptr<KvCache> make_kv_cache(int batch, int capacity);
+  std::vector<float> decode(KvCache& cache, std::span<const std::int32_t> tokens, int n, bool all_rows = false);
+
   // Changes whenever the activation buffers are reallocated (a call with another B or T), so
   // that recorded work which holds their addresses knows it must be recorded again.
   std::uint64_t activation_generation() const { return activation_generation_; }
@@ -132,6 +143,11 @@ class Model {
   Tensor weight(std::size_t index) const;
   Tensor grad(std::size_t index) const;
   void forward_pass(Tensor tokens, int B, int T);
+  // One layer's forward over the tensors of `t`; `attention` computes t.attn from t.qkv given the
+  // layer's position parameters (the full forward's or the decode's attention).
+  struct LayerTensors;
+  using LayerAttention = std::function<void(const LayerTensors& t, std::span<const Tensor> position_params)>;
+  void layer_forward(int l, const LayerTensors& t, bool recompute, const LayerAttention& attention);
   void classifier(Tensor targets, std::int64_t N, bool backward, double grad_scale);
   void backward_pass(Tensor tokens, int B, int T);
   void gradients_final(std::int64_t begin, std::int64_t end) const;

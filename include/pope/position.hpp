@@ -80,6 +80,9 @@ class PositionEncoding {
   // False when the encoding is only defined up to the training length (RoPE without a
   // scaling): training windows and evaluation past it are refused.
   virtual bool extrapolates() const { return true; }
+  // True when the q/k transform of a position depends on how many positions the call covers
+  // (RoPE's dynamic NTK scaling): a key cache must then encode its keys again as it grows.
+  virtual bool transform_varies_with_length() const { return false; }
 
   // The backend-neutral description of this call's transform and bias (pope/position_plan.hpp),
   // from which the CUDA backend runs the encoding. Defaults: identity without transforms_qk();

@@ -20,6 +20,7 @@
 #include "cpu/cpu_checks.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/cpu_parallel.hpp"
+#include "cpu/cpu_position_params.hpp"
 #include "model/attention_checks.hpp"
 
 namespace pope::cpu {
@@ -70,23 +71,10 @@ Geometry check_geometry(std::string_view op, AttentionImpl impl, const Attention
   return g;
 }
 
-// Raw pointers to this layer's position parameters (or gradients), checked against the
-// encoding's parameter list entry by entry.
 template <class Pointer>
 std::vector<Pointer> parameter_pointers(std::string_view op, std::string_view name, std::span<const Tensor> tensors,
                                         const PositionEncoding& encoding, const Geometry& g) {
-  using Real = std::remove_const_t<std::remove_pointer_t<Pointer>>;
-  const std::vector<ParamSpec> specs = encoding.layer_parameters(g.n_head, g.head_dim);
-  require(tensors.size() == specs.size(), op,
-          fmt::format("{} has {} tensors, encoding '{}' has {} layer parameters", name, tensors.size(),
-                      encoding.kind(), specs.size()));
-  std::vector<Pointer> pointers;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    check_vector(op, fmt::format("{}[{}] ({})", name, i, specs[i].name), tensors[i], dtype_of<Real>(),
-                 shape_numel(specs[i].shape));
-    pointers.push_back(tensors[i].as<Real>());
-  }
-  return pointers;
+  return position_parameter_pointers<Pointer>(op, name, tensors, encoding, g.n_head, g.head_dim);
 }
 
 // Rows of a [T, width] matrix stored with a row stride (the qkv columns of one head, or a

@@ -124,6 +124,7 @@ template <class Real> class CpuBackend final : public Backend {
   void add(Tensor out, Tensor a, Tensor b) override { cpu::add<Real>(threads_, out, a, b); }
   void attention_forward(const AttentionForward& args) override { cpu::attention_forward<Real>(threads_, args); }
   void attention_backward(const AttentionBackward& args) override { cpu::attention_backward<Real>(threads_, args); }
+  void attention_decode(const AttentionDecode& args) override { cpu::attention_decode<Real>(threads_, args); }
   void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
                      double grad_scale) override {
     cpu::cross_entropy<Real>(threads_, losses, logits, targets, vocab_size, compute_grad, grad_scale);

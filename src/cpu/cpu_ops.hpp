@@ -36,6 +36,8 @@ template <class Real> void add(int threads, Tensor out, Tensor a, Tensor b);
 // cpu_attention.cpp
 template <class Real> void attention_forward(int threads, const AttentionForward& args);
 template <class Real> void attention_backward(int threads, const AttentionBackward& args);
+// cpu_attention_decode.cpp
+template <class Real> void attention_decode(int threads, const AttentionDecode& args);
 
 // cpu_cross_entropy.cpp
 template <class Real>

@@ -9,6 +9,11 @@
 
 namespace pope {
 
+void Backend::attention_decode(const AttentionDecode& args) {
+  throw std::logic_error(fmt::format("{} has no incremental decoding (attention_decode) for encoding '{}'",
+                                     description(), args.encoding ? args.encoding->kind() : "?"));
+}
+
 std::unique_ptr<GraphCapture> Backend::make_graph_capture() {
   throw std::logic_error(fmt::format("{} cannot record work for replay (supports_graphs() is false)", description()));
 }

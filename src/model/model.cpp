@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "model/forward_logits.hpp"
+#include "model/layer_tensors.hpp"
 #include "model/parameter_init.hpp"
 #include "pope/rng.hpp"
 
@@ -19,14 +21,6 @@ namespace {
 // 0.4 GB in bf16 for training). Fewer, larger chunks keep the three classifier GEMMs efficient:
 // at 1,024 rows the weight gradient's K was 1,024.
 constexpr int kClassifierRows = 4096;
-
-// Logits of passes without a backward (evaluation) are at least fp32: on a bf16 backend the
-// classifier GEMM then stores its fp32-accumulated product unrounded and the log-softmax reads
-// that. Passes with a backward keep the activation dtype (dlogits are written in place and the
-// backward GEMMs read them as a bf16 operand).
-DType forward_only_logits_dtype(DType activation) {
-  return dtype_size(activation) < dtype_size(DType::f32) ? DType::f32 : activation;
-}
 
 std::string layer_name(int layer, const char* what) { return fmt::format("layers.{}.{}", layer, what); }
 
@@ -381,6 +375,30 @@ std::vector<float> Model::logits_at(const std::int32_t* tokens, int B, int T, st
   return out;
 }
 
+void Model::layer_forward(int l, const LayerTensors& t, bool recompute, const LayerAttention& attention) {
+  Backend& be = backend_;
+  const LayerIndex& li = layers_[std::size_t(l)];
+  std::vector<Tensor> pparams;  // read from the master weights: the encodings work in fp32
+  for (auto idx : li.position) pparams.push_back(layout_.view(params_.tensor, idx));
+  be.rmsnorm_forward(t.norm1, t.rstd1, t.residual, weight(li.attn_norm), config_.norm_eps);
+  be.matmul(t.qkv, t.norm1, weight(li.qkv), false, true);
+  attention(t, pparams);
+  // residual_mid = residual + attn · W_projᵀ, the residual added in the GEMM's epilogue
+  be.matmul_epilogue(t.residual_mid, t.attn, weight(li.attn_proj), false, true, Backend::MatmulEpilogue::add,
+                     t.residual);
+  be.rmsnorm_forward(t.norm2, t.rstd2, t.residual_mid, weight(li.mlp_norm), config_.norm_eps);
+  if (recompute) {
+    // GELU from the stored bf16 pre-activation, exactly as the backward will recompute it
+    // (the fused epilogue works from the f32 product, which is not kept).
+    be.matmul(t.fc_pre, t.norm2, weight(li.fc), false, true);
+    be.gelu_forward(t.fc_act, t.fc_pre);
+  } else {
+    be.matmul_epilogue(t.fc_act, t.norm2, weight(li.fc), false, true, Backend::MatmulEpilogue::gelu, t.fc_pre);
+  }
+  be.matmul_epilogue(t.residual_out, t.fc_act, weight(li.mlp_proj), false, true, Backend::MatmulEpilogue::add,
+                     t.residual_mid);
+}
+
 // Embedding, the layers and the final norm, into the activations reserved for B × T.
 void Model::forward_pass(Tensor tokens, int B, int T) {
   Activations& a = *acts_;
@@ -389,33 +407,14 @@ void Model::forward_pass(Tensor tokens, int B, int T) {
   const PositionContext pctx{T, config_.context_length, config_.n_head, config_.head_dim(), 0};
 
   be.embedding_forward(a.residual[0].tensor, tokens, weight(wte_));
-
   for (int l = 0; l < config_.n_layer; ++l) {
-    const LayerIndex& li = layers_[std::size_t(l)];
-    std::vector<Tensor> pparams;
-    for (auto idx : li.position) pparams.push_back(layout_.view(params_.tensor, idx));
-    be.rmsnorm_forward(a.norm1_of(l), a.rstd1[l].tensor, a.residual[l].tensor, weight(li.attn_norm),
-                       config_.norm_eps);
-    be.matmul(a.qkv[l].tensor, a.norm1_of(l), weight(li.qkv), false, true);
-    AttentionForward af{shape, position_.get(), pctx, a.qkv[l].tensor, a.attn[l].tensor, a.lse[l].tensor,
-                        pparams, a.attention_encoded_of(l), attention_impl_};
-    be.attention_forward(af);
-    // residual_mid = residual + attn · W_projᵀ, the residual added in the GEMM's epilogue
-    be.matmul_epilogue(a.residual_mid[l].tensor, a.attn[l].tensor, weight(li.attn_proj), false, true,
-                       Backend::MatmulEpilogue::add, a.residual[l].tensor);
-    be.rmsnorm_forward(a.norm2_of(l), a.rstd2[l].tensor, a.residual_mid[l].tensor, weight(li.mlp_norm),
-                       config_.norm_eps);
-    if (recompute_) {
-      // GELU from the stored bf16 pre-activation, exactly as the backward will recompute it
-      // (the fused epilogue works from the f32 product, which is not kept).
-      be.matmul(a.fc_pre[l].tensor, a.norm2_of(l), weight(li.fc), false, true);
-      be.gelu_forward(a.fc_act_of(l), a.fc_pre[l].tensor);
-    } else {
-      be.matmul_epilogue(a.fc_act_of(l), a.norm2_of(l), weight(li.fc), false, true, Backend::MatmulEpilogue::gelu,
-                         a.fc_pre[l].tensor);
-    }
-    be.matmul_epilogue(a.residual[l + 1].tensor, a.fc_act_of(l), weight(li.mlp_proj), false, true,
-                       Backend::MatmulEpilogue::add, a.residual_mid[l].tensor);
+    const LayerTensors t{a.residual[l].tensor, a.norm1_of(l),          a.rstd1[l].tensor,    a.qkv[l].tensor,
+                         a.attn[l].tensor,     a.residual_mid[l].tensor, a.norm2_of(l),      a.rstd2[l].tensor,
+                         a.fc_pre[l].tensor,   a.fc_act_of(l),          a.residual[l + 1].tensor};
+    layer_forward(l, t, recompute_, [&](const LayerTensors& layer, std::span<const Tensor> pparams) {
+      be.attention_forward(AttentionForward{shape, position_.get(), pctx, layer.qkv, layer.attn, a.lse[l].tensor,
+                                            pparams, a.attention_encoded_of(l), attention_impl_});
+    });
   }
   be.rmsnorm_forward(a.final_norm.tensor, a.final_rstd.tensor, a.residual[config_.n_layer].tensor,
                      weight(final_norm_), config_.norm_eps);

@@ -38,6 +38,7 @@ class RopeEncoding final : public PositionEncodingImpl<RopeEncoding> {
   double softmax_scale(const PositionContext& ctx) const override;
 
   bool extrapolates() const override { return config_.scaling.kind != RopeScalingKind::none; }
+  bool transform_varies_with_length() const override { return config_.scaling.kind == RopeScalingKind::dynamic_ntk; }
   TransformPlan transform_plan(const PositionContext& ctx) const override;
 
   // θ'_m used for this call (depends on ctx for dynamic NTK).
@@ -199,6 +200,7 @@ class ComposedEncoding final : public PositionEncodingImpl<ComposedEncoding> {
   bool has_score_bias() const override { return bias_->has_score_bias(); }
   double softmax_scale(const PositionContext& ctx) const override { return transform_->softmax_scale(ctx); }
   bool extrapolates() const override { return transform_->extrapolates() && bias_->extrapolates(); }
+  bool transform_varies_with_length() const override { return transform_->transform_varies_with_length(); }
   std::vector<ParamSpec> layer_parameters(int n_head, int head_dim) const override;
   // The transform part's plan, and the bias part's with its parameter indices moved past the
   // transform's parameters.

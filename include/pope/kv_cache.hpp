@@ -1,0 +1,36 @@
+// The key/value cache of incremental decoding: for each layer the encoded keys and the values of
+// up to `capacity` positions of `batch` sequences (pope/backend.hpp's KvCacheLayer), and the
+// buffers of one decode call. Model::make_kv_cache makes one for its model, Model::decode fills
+// it; the cache belongs to that model and backend.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "pope/backend.hpp"
+
+namespace pope {
+
+class KvCache {
+ public:
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+  ~KvCache();
+
+  int batch() const { return batch_; }
+  int capacity() const { return capacity_; }
+  int length() const { return length_; }  // positions cached, the same for every sequence
+  // Forgets the cached positions (the storage is kept and overwritten).
+  void clear() { length_ = 0; }
+
+ private:
+  friend class Model;
+  struct Buffers;
+  KvCache(int batch, int capacity);
+
+  int batch_ = 0, capacity_ = 0, length_ = 0;
+  std::vector<OwnedTensor> keys_, values_, raw_keys_;  // per layer; raw_keys_ only where re-encoded
+  std::unique_ptr<Buffers> buffers_;                   // sized for the largest call so far
+};
+
+}  // namespace pope
