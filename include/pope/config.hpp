@@ -194,6 +194,9 @@ struct TrainConfig {
   bool phase_timing = false;       // log each window's mean device time per step phase (eager steps)
   DeviceChoice device = DeviceChoice::automatic;
   int threads = 0;                 // CPU threads; 0: all cores; at most kMaxThreads
+  int sample_every = 0;            // steps between samples printed to the log; 0: never
+  std::string sample_prompt = "\n";  // the samples' prompt (GPT-2 text)
+  int sample_tokens = 64;          // new tokens per sample
 };
 
 struct AttentionConfig {

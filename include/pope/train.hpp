@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "pope/backend.hpp"
 #include "pope/checkpoint.hpp"
@@ -20,6 +21,7 @@
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
+#include "pope/tokenizer.hpp"
 #include "pope/train_step.hpp"
 
 namespace pope {
@@ -95,6 +97,9 @@ class Trainer {
   void log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second, double eta_seconds,
                  const std::optional<StepPhases>& phases);
   void append_metrics(const nlohmann::json& record);
+  // train.sample_every: the prompt checked and tokenized when the run starts, a sample logged.
+  void prepare_samples();
+  void log_sample(long step);
   void save();
   void restore(const std::filesystem::path& checkpoint);
   void initialize_from(const std::filesystem::path& checkpoint);
@@ -114,6 +119,8 @@ class Trainer {
   std::unique_ptr<RandomWindowSampler> train_sampler_;
   std::unique_ptr<SequentialWindowSampler> val_sampler_;
   std::unique_ptr<IndirectIndexingTask> task_;  // data.kind indirect_indexing: replaces the token data
+  std::unique_ptr<Gpt2Tokenizer> tokenizer_;    // train.sample_every > 0 only
+  std::vector<std::int32_t> sample_prompt_;
   TrainerState state_;
   std::filesystem::path last_checkpoint_;
   std::shared_ptr<void> logger_;

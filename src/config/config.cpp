@@ -251,6 +251,10 @@ void check_config(const RunConfig& config, const std::string& source) {
   check_window(config, source);
   check_attention_impl(config, source);
   if (config.data.kind == DataKind::indirect_indexing) check_indirect_indexing(config, source);
+  if (config.train.sample_every > 0 && config.data.kind != DataKind::tokens)
+    fail("train.sample_every", "expected 0 with data.kind indirect_indexing: samples are GPT-2 text", source);
+  if (config.train.sample_every > 0 && config.train.sample_prompt.empty())
+    fail("train.sample_prompt", "expected some text to start the samples from, found an empty prompt", source);
   if (auto problem = batch_split_problem(config.train, 1)) fail("train.batch_size", *problem, source);
   if (config.optim.min_lr > config.optim.lr) {
     fail("optim.min_lr",

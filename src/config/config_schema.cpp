@@ -108,6 +108,10 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(train.phase_timing), {}, {}, Hashed::no},
       {POPE_CONFIG_KEY(train.device), any(), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.threads), between(0, pope::kMaxThreads), {}, Hashed::no},
+      // Samples only read the weights.
+      {POPE_CONFIG_KEY(train.sample_every), at_least(0), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.sample_prompt), any(), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.sample_tokens), between(1, kMaxLength), {}, Hashed::no},
       // Either impl computes the same attention up to rounding (like train.deterministic), so a
       // resume may switch it.
       {POPE_CONFIG_KEY(attention.impl), any(), {}, Hashed::no},

@@ -16,6 +16,7 @@
 
 #include "checkpoint/run_lock.hpp"
 #include "pope/distributed.hpp"
+#include "pope/sample.hpp"
 #include "pope/train_step.hpp"
 
 namespace pope {
@@ -129,6 +130,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   model_->set_deterministic(config_.train.deterministic);
   model_->set_attention_impl(config_.attention.impl);
   optimizer_ = std::make_unique<AdamW>(*model_, config_.optim, shard_optimizer ? communicator_.get() : nullptr);
+  prepare_samples();
   state_.config_hash = config_hash(config_);
   state_.rng = Rng(config_.train.seed).state();
   if (resume_from) {
@@ -238,7 +240,7 @@ void Trainer::initialize_from(const std::filesystem::path& checkpoint) {
 void Trainer::append_metrics(const nlohmann::json& record) {
   if (!is_root()) return;
   std::ofstream out(run_dir_ / "metrics.jsonl", std::ios::app);
-  out << record.dump() << '\n';
+  out << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';  // samples may hold any bytes
   if (!out) throw std::runtime_error("cannot append to " + (run_dir_ / "metrics.jsonl").string());
 }
 
@@ -321,6 +323,40 @@ Trainer::Validation Trainer::compute_validation() {
     total.count += part.count;
   }
   return {total.mean(), std::nullopt};
+}
+
+void Trainer::prepare_samples() {
+  const TrainConfig& tc = config_.train;
+  if (tc.sample_every <= 0 || !is_root()) return;
+  tokenizer_ = std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load_default());
+  for (std::uint16_t id : tokenizer_->encode(tc.sample_prompt, SpecialTokens::allowed)) {
+    if (id >= config_.model.vocab_size)
+      throw ConfigError("train.sample_prompt", fmt::format("the prompt holds GPT-2 token {}, outside the model's "
+                                                           "vocabulary of {} (model.vocab_size)",
+                                                           id, config_.model.vocab_size));
+    sample_prompt_.push_back(id);
+  }
+  const long positions = long(sample_prompt_.size()) + tc.sample_tokens;
+  if (positions > config_.model.context_length && !model_->position().extrapolates())
+    throw ConfigError("train.sample_tokens",
+                      fmt::format("the prompt's {} tokens plus {} new ones exceed the training length {}, past which "
+                                  "model.position.kind {} is not defined",
+                                  sample_prompt_.size(), tc.sample_tokens, config_.model.context_length,
+                                  config_.model.position.kind));
+}
+
+void Trainer::log_sample(long step) {
+  const SamplingOptions sampling{.temperature = 1.0, .top_k = 200, .top_p = 1.0};
+  std::string text;
+  generate(*model_, sample_prompt_, 1, config_.train.sample_tokens, sampling, config_.train.seed + std::uint64_t(step),
+           [&](int, const GeneratedToken& token) {
+             if (token.id == kGpt2EndOfText) return false;
+             text += tokenizer_->token_bytes(std::uint16_t(token.id));
+             return true;
+           });
+  auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
+  logger.info("step {} | sample: {}{}", step, config_.train.sample_prompt, text);
+  append_metrics({{"event", "sample"}, {"step", step}, {"prompt", config_.train.sample_prompt}, {"text", text}});
 }
 
 Trainer::Validation Trainer::run_validation(long step) {
@@ -408,6 +444,7 @@ TrainingSummary Trainer::train_steps() {
   const auto reports_at = [&](long step) {
     return step % tc.log_every == 0 || step == 1 || step == tc.steps || step == last_step ||
            (has_validation() && tc.eval_every > 0 && step % tc.eval_every == 0) ||
+           (tc.sample_every > 0 && step % tc.sample_every == 0) ||
            (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0);
   };
   struct Enqueued {
@@ -466,6 +503,7 @@ TrainingSummary Trainer::train_steps() {
       summary.last_val_loss = validation.loss;
       if (validation.score) summary.last_val_accuracy = validation.score->accuracy();
     }
+    if (is_root() && tc.sample_every > 0 && done.step % tc.sample_every == 0) log_sample(done.step);
     if (options_.write_checkpoints && tc.checkpoint_every > 0 && done.step % tc.checkpoint_every == 0) {
       save();
       last_saved_step = done.step;

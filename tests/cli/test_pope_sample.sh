@@ -104,4 +104,18 @@ expect_exit 2 "${S[@]}" --prompt "A" --set train.seq_len=64
 expect_exit 2 "${S[@]}" --prompt "A" --json "$SCRATCH/no_such_dir/out.json"
 expect_exit 1 "$SAMPLE" --checkpoint "$SCRATCH/missing_run" --prompt "A"
 expect_output "missing_run"
+# Samples during training (train.sample_every): logged and recorded; a prompt outside the
+# vocabulary or a sample of data.kind indirect_indexing is refused before the first step.
+expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/sampled" --set train.steps=4 \
+  --set train.sample_every=2 --set train.sample_prompt=A --set train.sample_tokens=8
+expect_output "step 2 | sample: A"
+expect_output "step 4 | sample: A"
+[ "$(grep -c '"event":"sample"' "$SCRATCH/sampled/metrics.jsonl")" -eq 2 ] || fail "two sample records expected"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/bad_prompt" --set train.sample_every=2 \
+  --set "train.sample_prompt=hello world"
+expect_output "train.sample_prompt"
+[ ! -e "$SCRATCH/bad_prompt/checkpoints" ] || fail "a refused sample prompt still trained"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/rope_long" --set model.position.kind=rope \
+  --set train.sample_every=2 --set train.sample_prompt=A --set train.sample_tokens=40
+expect_output "train.sample_tokens"
 echo "pope-sample CLI: all checks passed"
