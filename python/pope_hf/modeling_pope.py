@@ -41,6 +41,7 @@ Limits: no KV cache (every forward recomputes the whole sequence, so generate() 
 padding (an attention_mask must be all ones), no dropout. Weights a folder does not hold are not
 initialised as pope initialises them: train with pope.
 """
+import importlib
 import json
 import math
 import os
@@ -50,29 +51,25 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Optional packages. Each import sits alone in the body of a try block: transformers' remote-code
-# loader checks the imports of this file and skips only those.
-try:
-    from safetensors.torch import load_file as _safetensors_load_file
-except Exception:  # noqa: BLE001 - any failure means "use the built-in reader"
-    _safetensors_load_file = None
 
-try:
-    from transformers import PretrainedConfig as _PretrainedConfig
-except Exception:  # noqa: BLE001 - transformers missing or unusable with this torch
-    _PretrainedConfig = None
-
-if _PretrainedConfig is not None:
+def _optional(module, *names):
+    """The attributes `names` of `module`, or None when it does not import (any failure: missing, or
+    unusable with this torch). importlib rather than import statements: transformers' remote-code
+    loader requires every package a file imports with a statement, whatever try block holds it."""
     try:
-        from transformers import PreTrainedModel as _PreTrainedModel
+        loaded = importlib.import_module(module)
+        return tuple(getattr(loaded, name) for name in names)
     except Exception:  # noqa: BLE001
-        _PretrainedConfig = None
+        return None
 
-if _PretrainedConfig is not None:
-    try:
-        from transformers.modeling_outputs import CausalLMOutput as _CausalLMOutput
-    except Exception:  # noqa: BLE001
-        _PretrainedConfig = None
+
+_safetensors_load_file = (_optional("safetensors.torch", "load_file") or (None,))[0]
+_transformers = _optional("transformers", "PretrainedConfig", "PreTrainedModel")
+_outputs = _optional("transformers.modeling_outputs", "CausalLMOutput") if _transformers else None
+if _transformers and _outputs:
+    (_PretrainedConfig, _PreTrainedModel), (_CausalLMOutput,) = _transformers, _outputs
+else:
+    _PretrainedConfig = _PreTrainedModel = _CausalLMOutput = None
 
 HAVE_TRANSFORMERS = _PretrainedConfig is not None
 FORMAT_VERSION = 1
@@ -282,7 +279,8 @@ def pj_bias_table(params, lags, train_length, order, rho, sectors):
         powers = x[None, :] ** orders[:, None] * inverse_factorial[:, None]   # [K+1, T]: x^r / r! (0^0 = 1)
         basis = powers[None] * torch.exp(-damping * x[None, :])[:, None, :]   # [H, K+1, T]
         angle = omega * lag[None, :]                                       # [H, T]
-        real = p["fj_re"][:, :, None] * torch.cos(angle)[:, None, :] - p["fj_im"][:, :, None] * torch.sin(angle)[:, None, :]
+        real = (p["fj_re"][:, :, None] * torch.cos(angle)[:, None, :] -
+                p["fj_im"][:, :, None] * torch.sin(angle)[:, None, :])            # [H, K+1, T]
         total = total + gate[:, 0:1] * (alpha[:, :, None] * basis * real).sum(dim=1)
     if sectors[1]:                                                         # affine
         if rho not in ("linear", "lightcone"):
@@ -295,7 +293,8 @@ def pj_bias_table(params, lags, train_length, order, rho, sectors):
         beta = lag / torch.sqrt(lag * lag + L * L)
         basis = beta[None, :] ** orders[:, None]                           # [K+1, T]: beta^r (0^0 = 1)
         angle = omega * phi[None, :]
-        real = p["lc_re"][:, :, None] * torch.cos(angle)[:, None, :] - p["lc_im"][:, :, None] * torch.sin(angle)[:, None, :]
+        real = (p["lc_re"][:, :, None] * torch.cos(angle)[:, None, :] -
+                p["lc_im"][:, :, None] * torch.sin(angle)[:, None, :])            # [H, K+1, T]
         total = total + gate[:, 2:3] * (alpha[:, :, None] * basis[None] * real).sum(dim=1)
     return total
 
