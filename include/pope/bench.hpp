@@ -31,6 +31,29 @@ struct TrainBenchOptions {
   std::uint64_t seed = 1337;
 };
 
+// pope-bench sample: generation with the key/value cache from the config's model (initialised,
+// not trained: the speed does not depend on the weights) on random prompt tokens, greedy.
+struct SampleBenchOptions {
+  int batch = 1;            // sequences decoded together
+  int prompt_tokens = 128;  // prefill length
+  int new_tokens = 256;     // decode steps
+  int rounds = 3;           // timed generations after one untimed (median reported)
+  std::uint64_t seed = 1337;
+};
+
+struct SampleBenchResult {
+  std::string backend, position_kind;
+  std::int64_t parameters = 0;
+  SampleBenchOptions options;
+  double prefill_tokens_per_second = 0.0;  // batch × prompt_tokens over the median prefill time
+  double decode_tokens_per_second = 0.0;   // batch × new_tokens over the median decode time
+  double decode_ms_per_step = 0.0;         // median decode time / new_tokens
+};
+
+SampleBenchResult run_sample_benchmark(const RunConfig& config, const SampleBenchOptions& options);
+std::string format_sample_bench(const SampleBenchResult& result);
+nlohmann::json sample_bench_to_json(const SampleBenchResult& result);
+
 // Time of one op family (and, for matmuls, one shape) summed over the profiled step.
 struct OpTime {
   std::string op;      // backend op name, e.g. "matmul", "attention_backward"

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "attention/causal_attention.cuh"
+#include "attention/decode_attention.cuh"
 #include "attention/flash_attention.cuh"
 #include "attention/qk_transform.cuh"
 #include "cuda/cuda_check.hpp"
@@ -187,7 +188,7 @@ void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDi
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, bias_grad_partials, delta_grad_partials, learned_table, learned_diag_grad,
+  DeviceScratch q, k, dq, dk, row_dot, decode_partials, bias_grad_partials, delta_grad_partials, learned_table, learned_diag_grad,
       learned_partials, phases;
   DeviceTable<double> frequencies, scale_rates;
   DeviceTable<float> bias, bias_slopes;
@@ -376,7 +377,7 @@ std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
   std::size_t total = s.frequencies.bytes() + s.scale_rates.bytes() + s.bias.bytes() + s.bias_slopes.bytes() +
                       s.bucket_of_lag.bytes() + s.bucket_starts.bytes() + s.cudnn_bytes();
-  for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.bias_grad_partials,
+  for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.decode_partials, &s.bias_grad_partials,
                                      &s.delta_grad_partials, &s.learned_table, &s.learned_diag_grad,
                                      &s.learned_partials, &s.phases})
     total += block->bytes();
@@ -408,6 +409,67 @@ void AttentionRunner::forward(const AttentionForward& args, cudaStream_t stream)
   } else {
     POPE_CUDA_CHECK(kernels::causal_attention_forward(dims, in, out, lse, stream));
   }
+}
+
+void AttentionRunner::decode(const AttentionDecode& args, cudaStream_t stream) {
+  constexpr std::string_view op = "attention_decode";
+  checks::check_attention_call(op, args.shape, args.encoding, args.position);
+  const PositionEncoding& encoding = *args.encoding;
+  require(!(encoding.transforms_qk() && encoding.transform_varies_with_length()), op,
+          fmt::format("encoding '{}' encodes its cached keys again at every length (dynamic NTK), which the GPU "
+                      "decode does not do; decode it on the CPU (--device cpu)",
+                      encoding.kind()));
+  AttentionDims dims;  // the new rows
+  dims.batch = args.shape.batch;
+  dims.seq_len = args.shape.seq_len;
+  dims.n_head = args.shape.n_head;
+  dims.head_dim = args.shape.head_dim;
+  dims.qk_width = qk_width_of(encoding, dims.head_dim);
+  const std::int64_t rows = std::int64_t(dims.batch) * dims.seq_len;
+  const std::int64_t channels = std::int64_t(dims.n_head) * dims.head_dim;
+  check_matrix(op, "qkv", args.qkv, DType::bf16, rows, 3 * channels);
+  check_matrix(op, "out", args.out, DType::bf16, rows, channels);
+  const Tensor& keys = args.cache.keys;
+  const Tensor& values = args.cache.values;
+  require(keys.dtype == DType::bf16 && values.dtype == DType::bf16 && keys.shape.size() == 4 &&
+              values.shape.size() == 4 && keys.shape[0] == dims.batch && keys.shape[1] == dims.n_head &&
+              keys.shape[3] == dims.qk_width && values.shape[0] == dims.batch && values.shape[1] == dims.n_head &&
+              values.shape[2] == keys.shape[2] && values.shape[3] == dims.head_dim,
+          op,
+          fmt::format("the cache is keys {} {} and values {} {}; expected bf16 [{}, {}, capacity, {}] and [{}, {}, "
+                      "capacity, {}]",
+                      dtype_name(keys.dtype), shape_string(keys.shape), dtype_name(values.dtype),
+                      shape_string(values.shape), dims.batch, dims.n_head, dims.qk_width, dims.batch, dims.n_head,
+                      dims.head_dim));
+  kernels::DecodeDims decode_dims{dims.batch, dims.n_head, dims.seq_len, dims.head_dim, dims.qk_width,
+                                  args.position.position_offset, int(keys.shape[2])};
+  const int total = decode_dims.past + decode_dims.new_rows;
+  require(total <= decode_dims.capacity && total <= kernels::kMaxAttentionSeqLen, op,
+          fmt::format("{} cached + {} new rows exceed the cache's capacity of {} (or the {} positions the GPU "
+                      "kernels support)",
+                      decode_dims.past, decode_dims.new_rows, decode_dims.capacity, kernels::kMaxAttentionSeqLen));
+  const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
+
+  // The new rows' q̃, k̃ exactly as a forward at this position offset encodes them.
+  const TransformPlan transform_plan = encoding.transform_plan(args.position);
+  const QkTransformParams transform = scratch_->transform(transform_plan, args.position, params, stream);
+  auto* q_new = reserve_elements<__nv_bfloat16>(scratch_->q, encoded_elements(dims));
+  auto* k_new = reserve_elements<__nv_bfloat16>(scratch_->k, encoded_elements(dims));
+  const auto* qkv = static_cast<const __nv_bfloat16*>(args.qkv.data);
+  POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, qkv, q_new, k_new, stream));
+  POPE_CUDA_CHECK(kernels::append_to_kv_cache(decode_dims, k_new, qkv, static_cast<__nv_bfloat16*>(keys.data),
+                                              static_cast<__nv_bfloat16*>(values.data), stream));
+  // The scale and bias of a call over positions [0, total).
+  const PositionContext full{total, args.position.train_length, dims.n_head, dims.head_dim, 0};
+  const BiasPlan bias_plan = encoding.bias_plan(full);
+  const std::optional<LearnedBias> learned = scratch_->learned_bias(bias_plan, full, params, {}, stream);
+  const kernels::ScoreParams score =
+      scratch_->score(encoding, bias_plan, full, learned, stream, Scratch::LearnedTable{stream, nullptr, false});
+  auto* partials =
+      reserve_elements<float>(scratch_->decode_partials, kernels::decode_attention_partial_floats(decode_dims));
+  POPE_CUDA_CHECK(kernels::decode_attention(decode_dims, score, q_new, static_cast<const __nv_bfloat16*>(keys.data),
+                                            static_cast<const __nv_bfloat16*>(values.data), partials,
+                                            static_cast<__nv_bfloat16*>(args.out.data), stream));
 }
 
 void AttentionRunner::backward(const AttentionBackward& args, cudaStream_t stream, float* bias_table_grad) {

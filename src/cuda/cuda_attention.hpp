@@ -29,6 +29,9 @@ class AttentionRunner {
   // of the call's score-bias table b_h(Δ), Ĝ_h(Δ) = Σ_b Σ_{t−s=Δ} dS_ts, for an encoding whose
   // bias comes from learnable parameters (PJ-bias: its device-built table). Fused path only.
   void backward(const AttentionBackward& args, cudaStream_t stream, float* bias_table_grad = nullptr);
+  // Backend::attention_decode: the new rows encoded as the forward encodes them, appended to the
+  // cache, then the decode kernels (kernels/attention/decode_attention.cuh).
+  void decode(const AttentionDecode& args, cudaStream_t stream);
   // Device memory this runner holds now (its scratch and tables), for memory accounting.
   std::size_t scratch_bytes() const;
   // bf16 elements of AttentionForward::encoded for a call of this shape: q̃ and k̃, [B, H, T, W]

@@ -469,6 +469,7 @@ class CudaBackend final : public Backend {
 
   void attention_forward(const AttentionForward& args) override { attention_->forward(args, stream_); }
   void attention_backward(const AttentionBackward& args) override { attention_->backward(args, stream_); }
+  void attention_decode(const AttentionDecode& args) override { attention_->decode(args, stream_); }
   std::int64_t attention_encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) const override {
     return cuda::AttentionRunner::encoded_numel(shape, encoding);
   }

@@ -141,6 +141,43 @@ int run_train(const TrainCommand& cmd) {
   return 0;
 }
 
+struct SampleCommand {
+  std::string config_path, device, json_path;
+  std::vector<std::string> overrides;
+  pope::SampleBenchOptions options;
+};
+
+void add_sample_command(CLI::App& app, SampleCommand& cmd) {
+  CLI::App* sample = app.add_subcommand(
+      "sample",
+      "Time generation with the key/value cache (pope-sample's decode loop, greedy) of the config's model, "
+      "initialised, on random prompt tokens: prefill and decode tokens/s.");
+  sample->add_option("-c,--config", cmd.config_path, "JSON config file; a bare name resolves in configs/")->required();
+  sample->add_option("-s,--set", cmd.overrides, "override a config key (repeatable)");
+  sample->add_option("--device", cmd.device, "auto | cpu | cuda (overrides train.device)")
+      ->check(pope::tools::one_of_names<pope::DeviceChoice>());
+  sample->add_option("--batch", cmd.options.batch, "sequences decoded together (default 1)")
+      ->check(pope::tools::in_range(1, 4096, "BATCH"));
+  sample->add_option("--prompt-tokens", cmd.options.prompt_tokens, "prompt length (default 128)")
+      ->check(pope::tools::in_range(1, 1 << 20, "TOKENS"));
+  sample->add_option("--new-tokens", cmd.options.new_tokens, "decode steps (default 256)")
+      ->check(pope::tools::in_range(1, 1 << 20, "TOKENS"));
+  sample->add_option("--rounds", cmd.options.rounds, "timed generations after one untimed (median; default 3)")
+      ->check(pope::tools::in_range(1, 1000, "ROUNDS"));
+  sample->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
+      ->check(pope::tools::kOutputFile);
+}
+
+int run_sample(const SampleCommand& cmd) {
+  std::vector<std::string> overrides = cmd.overrides;
+  if (!cmd.device.empty()) overrides.push_back("train.device=" + cmd.device);
+  const pope::RunConfig config = pope::load_config(cmd.config_path, overrides);
+  const pope::SampleBenchResult result = pope::run_sample_benchmark(config, cmd.options);
+  std::cout << pope::format_sample_bench(result);
+  if (!cmd.json_path.empty()) write_json(cmd.json_path, pope::sample_bench_to_json(result));
+  return 0;
+}
+
 }  // namespace
 
 // Every model.position.kind once, a tab and what it is: the list the bench scripts and the
@@ -161,6 +198,8 @@ int main(int argc, char** argv) {
   add_train_command(app, train);
   AttentionCommand attention;
   add_attention_command(app, attention);
+  SampleCommand sample;
+  add_sample_command(app, sample);
   app.add_subcommand("encodings",
                      "List every model.position.kind (aliases left out), one per line: the name, a tab, what it "
                      "is. Scripts that run every encoding read this list.");
@@ -174,6 +213,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("attention")) return run_attention(attention);
     if (app.got_subcommand("encodings")) return run_encodings();
+    if (app.got_subcommand("sample")) return run_sample(sample);
     return run_train(train);
   } catch (const pope::ConfigError& e) {
     spdlog::error("config error: {}", e.what());

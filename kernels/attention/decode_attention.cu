@@ -1,0 +1,174 @@
+// Incremental decoding's attention (decode_attention.cuh). A block of four warps takes one
+// (query row, head, sequence) and one chunk of keys; each warp takes every fourth key of the
+// chunk, its lanes splitting the q̃·k̃ dot product and the value row two channels each, with an
+// online softmax per warp. The warps, then the chunks, merge their (max, sum, Σ p·v) in a fixed
+// order.
+#include "attention/decode_attention.cuh"
+
+#include <cmath>
+
+#include "block_reduce.cuh"  // kWarpSize
+
+namespace pope::kernels {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxWidth = 256;                     // W and d
+constexpr int kPerLane = kMaxWidth / kWarpSize;    // channels a lane may hold
+
+// Rows of a partial: max m, sum l, then d floats of Σ p·v, for each (b, h, i, chunk).
+__host__ __device__ inline std::size_t partial_stride(int head_dim) { return std::size_t(head_dim) + 2; }
+
+__host__ __device__ inline int chunks_of(const DecodeDims& dims) {
+  return (dims.past + dims.new_rows + kDecodeChunk - 1) / kDecodeChunk;
+}
+
+__global__ void append_kernel(DecodeDims dims, const __nv_bfloat16* k_encoded, const __nv_bfloat16* qkv,
+                              __nv_bfloat16* keys, __nv_bfloat16* values) {
+  const int b = blockIdx.x / dims.new_rows, i = blockIdx.x % dims.new_rows, h = blockIdx.y;
+  const long C = long(dims.n_head) * dims.head_dim;
+  const long slot = (long(b) * dims.n_head + h) * dims.capacity + dims.past + i;
+  const __nv_bfloat16* k_row = k_encoded + ((long(b) * dims.n_head + h) * dims.new_rows + i) * dims.qk_width;
+  const __nv_bfloat16* v_row = qkv + (long(b) * dims.new_rows + i) * 3 * C + 2 * C + long(h) * dims.head_dim;
+  for (int c = threadIdx.x; c < dims.qk_width; c += blockDim.x) keys[slot * dims.qk_width + c] = k_row[c];
+  for (int c = threadIdx.x; c < dims.head_dim; c += blockDim.x) values[slot * dims.head_dim + c] = v_row[c];
+}
+
+__device__ inline float warp_sum(float x) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+__global__ void __launch_bounds__(kWarps * kWarpSize)
+    chunk_kernel(DecodeDims dims, ScoreParams score, const __nv_bfloat16* q_encoded, const __nv_bfloat16* keys,
+                 const __nv_bfloat16* values, float* partials) {
+  __shared__ float warp_state[kWarps][kMaxWidth + 2];
+  const int chunks = chunks_of(dims);
+  const int chunk = blockIdx.x % chunks, row = blockIdx.x / chunks, h = blockIdx.y;  // row = b·n + i
+  const int b = row / dims.new_rows, i = row % dims.new_rows;
+  const int t = dims.past + i, total = dims.past + dims.new_rows;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int W = dims.qk_width, d = dims.head_dim;
+  const long head_slot = (long(b) * dims.n_head + h) * dims.capacity;
+  const __nv_bfloat16* q = q_encoded + ((long(b) * dims.n_head + h) * dims.new_rows + i) * W;
+
+  float q_lane[kPerLane], o[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int c = lane + k * kWarpSize;
+    q_lane[k] = c < W ? __bfloat162float(q[c]) : 0.0f;
+    o[k] = 0.0f;
+  }
+  const float slope = score.bias_slopes != nullptr ? score.bias_slopes[h] : 0.0f;
+  const float* bias_row = score.bias != nullptr ? score.bias + long(h) * total : nullptr;
+  float m = -INFINITY, l = 0.0f;
+  const int first = chunk * kDecodeChunk, last = min(first + kDecodeChunk, t + 1);  // keys s ≤ t
+  for (int s = first + warp; s < last; s += kWarps) {
+    const __nv_bfloat16* k_row = keys + (head_slot + s) * W;
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int c = lane + k * kWarpSize;
+      if (c < W) dot += q_lane[k] * __bfloat162float(k_row[c]);
+    }
+    float x = warp_sum(dot) * score.scale;
+    if (score.bias_slopes != nullptr) x += slope * float(t - s);
+    else if (bias_row != nullptr) x += bias_row[t - s];
+    const float new_m = fmaxf(m, x);
+    const float correction = __expf(m - new_m), p = __expf(x - new_m);
+    l = l * correction + p;
+    const __nv_bfloat16* v_row = values + (head_slot + s) * d;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int c = lane + k * kWarpSize;
+      o[k] = o[k] * correction + (c < d ? p * __bfloat162float(v_row[c]) : 0.0f);
+    }
+    m = new_m;
+  }
+  float* state = warp_state[warp];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int c = lane + k * kWarpSize;
+    if (c < d) state[2 + c] = o[k];
+  }
+  if (lane == 0) {
+    state[0] = m;
+    state[1] = l;
+  }
+  __syncthreads();
+  // Warp 0's lanes merge the four warps' states channel by channel, in warp order.
+  if (warp != 0) return;
+  float merged_m = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) merged_m = fmaxf(merged_m, warp_state[w][0]);
+  float* out = partials + ((long(row) * dims.n_head + h) * chunks + chunk) * partial_stride(d);
+  float merged_l = 0.0f;
+  for (int w = 0; w < kWarps; ++w)
+    if (warp_state[w][0] != -INFINITY) merged_l += warp_state[w][1] * __expf(warp_state[w][0] - merged_m);
+  for (int c = lane; c < d; c += kWarpSize) {
+    float sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (warp_state[w][0] != -INFINITY) sum += warp_state[w][2 + c] * __expf(warp_state[w][0] - merged_m);
+    out[2 + c] = sum;
+  }
+  if (lane == 0) {
+    out[0] = merged_m;
+    out[1] = merged_l;
+  }
+}
+
+__global__ void merge_kernel(DecodeDims dims, int chunks, const float* partials, __nv_bfloat16* out) {
+  const int row = blockIdx.x, h = blockIdx.y;
+  const int d = dims.head_dim;
+  const float* first = partials + (long(row) * dims.n_head + h) * chunks * partial_stride(d);
+  const int t = dims.past + row % dims.new_rows;
+  const int used = t / kDecodeChunk + 1;  // chunks past the row's last key hold nothing
+  float m = -INFINITY;
+  for (int c = 0; c < used; ++c) m = fmaxf(m, first[c * partial_stride(d)]);
+  float l = 0.0f;
+  for (int c = 0; c < used; ++c) l += first[c * partial_stride(d) + 1] * __expf(first[c * partial_stride(d)] - m);
+  const float inverse = 1.0f / l;
+  __nv_bfloat16* y = out + long(row) * dims.n_head * d + long(h) * d;
+  for (int ch = threadIdx.x; ch < d; ch += blockDim.x) {
+    float sum = 0.0f;
+    for (int c = 0; c < used; ++c) sum += first[c * partial_stride(d) + 2 + ch] * __expf(first[c * partial_stride(d)] - m);
+    y[ch] = __float2bfloat16(sum * inverse);
+  }
+}
+
+bool valid(const DecodeDims& dims) {
+  return dims.batch > 0 && dims.n_head > 0 && dims.n_head <= 65535 && dims.new_rows > 0 && dims.head_dim > 0 &&
+         dims.head_dim <= kMaxWidth && dims.qk_width > 0 && dims.qk_width <= kMaxWidth && dims.past >= 0 &&
+         dims.past + dims.new_rows <= dims.capacity &&
+         long(dims.batch) * dims.new_rows * chunks_of(dims) <= 2147483647L;
+}
+
+}  // namespace
+
+std::size_t decode_attention_partial_floats(const DecodeDims& dims) {
+  return std::size_t(dims.batch) * dims.new_rows * dims.n_head * std::size_t(chunks_of(dims)) *
+         partial_stride(dims.head_dim);
+}
+
+cudaError_t append_to_kv_cache(const DecodeDims& dims, const __nv_bfloat16* k_encoded, const __nv_bfloat16* qkv,
+                               __nv_bfloat16* keys, __nv_bfloat16* values, cudaStream_t stream) {
+  if (!valid(dims)) return cudaErrorInvalidValue;
+  append_kernel<<<dim3(dims.batch * dims.new_rows, dims.n_head), 128, 0, stream>>>(dims, k_encoded, qkv, keys,
+                                                                                     values);
+  return cudaGetLastError();
+}
+
+cudaError_t decode_attention(const DecodeDims& dims, const ScoreParams& score, const __nv_bfloat16* q_encoded,
+                             const __nv_bfloat16* keys, const __nv_bfloat16* values, float* partials,
+                             __nv_bfloat16* out, cudaStream_t stream) {
+  if (!valid(dims)) return cudaErrorInvalidValue;
+  const int chunks = chunks_of(dims);
+  const int rows = dims.batch * dims.new_rows;
+  chunk_kernel<<<dim3(unsigned(rows) * unsigned(chunks), dims.n_head), kWarps * kWarpSize, 0, stream>>>(
+      dims, score, q_encoded, keys, values, partials);
+  merge_kernel<<<dim3(rows, dims.n_head), 128, 0, stream>>>(dims, chunks, partials, out);
+  return cudaGetLastError();
+}
+
+}  // namespace pope::kernels
