@@ -629,11 +629,16 @@ class PopeGPT(_PopeNetwork, nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=torch.float32, device="cpu"):
-        """The model of an exported folder, its weights in `dtype` on `device`."""
+        """The model of an exported folder, its weights in `dtype` on `device`; with a half-precision
+        dtype the positional parameters (layers.*.position.*) stay float32, as pope's CUDA backend
+        keeps them."""
         config, weights = load_pope_folder(path)
-        model = cls(config["pope_config"]["model"])
-        model.load_state_dict({name: tensor.to(dtype) for name, tensor in weights.items()}, strict=True)
-        return model.to(device=device, dtype=dtype).eval()
+        model = cls(config["pope_config"]["model"]).to(device=device, dtype=dtype)
+        if dtype in (torch.float16, torch.bfloat16):
+            for block in model.layers:
+                block.position.float()
+        model.load_state_dict(weights, strict=True)   # each tensor converted to its parameter's dtype
+        return model.eval()
 
 
 # ---- reading a folder ------------------------------------------------------------------------
@@ -709,6 +714,7 @@ if HAVE_TRANSFORMERS:
         base_model_prefix = "pope_network"   # no parameter name starts with it: the names are pope's
         main_input_name = "input_ids"
         _no_split_modules = ["Block"]
+        _keep_in_fp32_modules = ["position"]   # layers.*.position.*: float32 under torch_dtype=bfloat16
 
         def __init__(self, config):
             _PreTrainedModel.__init__(self, config)
