@@ -21,11 +21,10 @@ void check_sampling_options(const SamplingOptions& o) {
 double token_log_probability(std::span<const float> logits, std::int32_t id) {
   if (id < 0 || std::size_t(id) >= logits.size())
     throw std::invalid_argument(fmt::format("token {} outside the {} logits", id, logits.size()));
-  double max_logit = -std::numeric_limits<double>::infinity();
-  for (float x : logits) max_logit = std::max(max_logit, double(x));
-  double sum = 0.0;
-  for (float x : logits) sum += std::exp(double(x) - max_logit);
-  return double(logits[std::size_t(id)]) - max_logit - std::log(sum);
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;  // float terms (a vectorised loop per step), summed in double
+  for (float x : logits) sum += double(std::exp(x - max_logit));
+  return double(logits[std::size_t(id)]) - double(max_logit) - std::log(sum);
 }
 
 TokenSampler::TokenSampler(const SamplingOptions& options, std::uint64_t seed) : options_(options), rng_(seed) {
@@ -39,6 +38,22 @@ std::int32_t TokenSampler::next(std::span<const float> logits) {
   if (options_.temperature == 0.0)
     return std::int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());  // first of ties
 
+  const float top = *std::max_element(logits.begin(), logits.end());
+  const double inverse_temperature = 1.0 / options_.temperature;
+  const bool truncated = options_.top_k > 0 || options_.top_p < 1.0;
+  if (!truncated) {  // every token, in id order: no sorting
+    weights_.resize(logits.size());
+    double total = 0.0;
+    for (std::size_t i = 0; i < logits.size(); ++i)
+      total += (weights_[i] = std::exp((double(logits[i]) - top) * inverse_temperature));
+    const double u = rng_.uniform() * total;
+    double cumulative = 0.0;
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      cumulative += weights_[i];
+      if (u < cumulative) return std::int32_t(i);
+    }
+    return std::int32_t(logits.size() - 1);  // u within rounding of the total
+  }
   order_.clear();
   for (std::size_t i = 0; i < logits.size(); ++i) order_.emplace_back(logits[i], std::int32_t(i));
   // Most likely first, ties by id: the same order everywhere.
@@ -46,14 +61,15 @@ std::int32_t TokenSampler::next(std::span<const float> logits) {
   std::size_t keep = order_.size();
   if (options_.top_k > 0 && std::size_t(options_.top_k) < keep) {
     keep = std::size_t(options_.top_k);
-    std::partial_sort(order_.begin(), order_.begin() + std::ptrdiff_t(keep), order_.end(), likelier);
+    std::nth_element(order_.begin(), order_.begin() + std::ptrdiff_t(keep - 1), order_.end(), likelier);
+    std::sort(order_.begin(), order_.begin() + std::ptrdiff_t(keep), likelier);
   } else {
     std::sort(order_.begin(), order_.end(), likelier);
   }
   weights_.assign(keep, 0.0);
-  const double top = order_[0].first;
   double total = 0.0;
-  for (std::size_t i = 0; i < keep; ++i) total += (weights_[i] = std::exp((order_[i].first - top) / options_.temperature));
+  for (std::size_t i = 0; i < keep; ++i)
+    total += (weights_[i] = std::exp((double(order_[i].first) - top) * inverse_temperature));
   if (options_.top_p < 1.0) {
     double mass = 0.0;
     std::size_t nucleus = 0;

@@ -10,6 +10,8 @@ SAMPLE="$POPE_BIN/pope-sample"
 [ -f "$POPE_SOURCE_DIR/data/tokenizer/encoder.json" ] ||
   { echo "SKIP: tokenizer files missing: run scripts/fetch_tokenizer.sh"; exit 77; }
 export POPE_TOKENIZER_DIR="$POPE_SOURCE_DIR/data/tokenizer"
+"$POPE_BIN/pope-data" encode x >/dev/null 2>&1 ||
+  { echo "SKIP: this build cannot tokenize: $("$POPE_BIN/pope-data" encode x 2>&1 | tail -1)"; exit 77; }
 
 make_tokens "$SCRATCH/train.bin" 40000 1
 cat >"$SCRATCH/tiny.json" <<JSON
