@@ -43,7 +43,9 @@ class TokenSampler {
 
 struct GeneratedToken {
   std::int32_t id = 0;
-  double log_probability = 0.0;  // token_log_probability of the id under the step's logits
+  // The step's fp32 logits over the vocabulary, valid during the callback: token_log_probability(
+  // logits, id) is the model's log-probability of the token (computed only by callers that want it).
+  std::span<const float> logits;
 };
 
 struct GenerationStats {

@@ -39,7 +39,7 @@ GenerationStats generate(Model& model, std::span<const std::int32_t> prompt, int
       const std::span<const float> row(logits.data() + std::size_t(s) * V, V);
       GeneratedToken token;
       token.id = samplers[std::size_t(s)].next(row);
-      token.log_probability = token_log_probability(row, token.id);
+      token.logits = row;
       input[std::size_t(s)] = token.id;  // a finished sequence keeps decoding its last token, unread
       if (!running[std::size_t(s)]) continue;
       ++stats.new_tokens;
