@@ -1,8 +1,9 @@
 // pope-eval: evaluate checkpoints. Modes: perplexity versus window length (--lengths),
 // plotting a CSV written earlier (--plot-csv), test-set accuracy of the indirect-indexing task
-// (--task indirect_indexing) and PJ-RoPE diagnostics (--diagnostics). The work lives in the
-// library (pope/eval.hpp, pope/indirect_indexing.hpp, pope/pj_diagnostics.hpp); this file
-// parses flags, dispatches and maps errors to exit codes.
+// (--task indirect_indexing), the paper's zero-shot tasks (--task lambada|hellaswag|piqa|
+// arc_easy|blimp|cbt, --task zero-shot-suite) and PJ-RoPE diagnostics (--diagnostics). The work
+// lives in the library (pope/eval.hpp, pope/indirect_indexing.hpp, pope/zero_shot.hpp,
+// pope/pj_diagnostics.hpp); this file parses flags, dispatches and maps errors to exit codes.
 // Exit codes: 0 done, 1 data/checkpoint/runtime error, 2 usage or config error.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -20,6 +21,8 @@
 #include "pope/indirect_indexing.hpp"
 #include "pope/model.hpp"
 #include "pope/pj_diagnostics.hpp"
+#include "pope/tokenizer.hpp"
+#include "pope/zero_shot.hpp"
 #include "tools/console_log.hpp"
 #include "tools/enum_option.hpp"
 #include "tools/number_checks.hpp"
@@ -33,7 +36,11 @@ constexpr int kExitConfig = 2;
 struct Options {
   std::vector<std::string> checkpoints, labels, overrides;
   std::string data, lengths, device = "auto", csv, json, plot, plot_csv, task;
-  bool diagnostics = false;
+  std::string data_dir, labels_file, tokenizer_dir;
+  bool diagnostics = false, strict = false;
+  // Flags that only some modes read, by name, when given (a mode refuses those it ignores).
+  std::vector<std::string> given;
+  bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
   pope::LengthSweepOptions sweep;
   pope::RopeScalingOverride rope;
   int threads = 0, train_len = 0;
@@ -170,6 +177,10 @@ LoadedCheckpoint load_single_checkpoint(const Options& o, const char* mode) {
 int run_indirect_indexing(const Options& o) {
   if (!o.data.empty() || !o.lengths.empty())
     throw pope::ConfigError("--task", "the task generates its own test set; it takes no --data or --lengths");
+  for (const char* flag : {"--data-dir", "--labels", "--strict", "--tokenizer-dir", "--csv", "--plot", "--plot-csv"})
+    if (o.was_given(flag))
+      throw pope::ConfigError(flag, "is not read by --task indirect_indexing (it is for the zero-shot tasks or the "
+                                    "length sweep)");
   LoadedCheckpoint loaded = load_single_checkpoint(o, "--task indirect_indexing");
   const pope::RunConfig& config = loaded.checkpoint.config;
   if (config.data.kind != pope::DataKind::indirect_indexing)
@@ -222,6 +233,109 @@ int run_diagnostics(const Options& o) {
   return 0;
 }
 
+// ---- zero-shot tasks ----------------------------------------------------------------
+
+// Which files the zero-shot mode reads: one task's --data, or every task found in --data-dir.
+std::vector<pope::SuiteEntry> zero_shot_entries(const Options& o) {
+  const bool suite = o.task == "zero-shot-suite";
+  for (const char* flag : {"--lengths", "--tail", "--max-windows", "--plot", "--plot-csv", "--train-len"})
+    if (o.was_given(flag))
+      throw pope::ConfigError(flag, fmt::format("is not read by --task {} (it belongs to the length sweep)", o.task));
+  if (o.diagnostics) throw pope::ConfigError("--task", "choose --task or --diagnostics, not both");
+  if (o.checkpoints.empty()) throw pope::ConfigError("--checkpoint", "at least one checkpoint is required");
+  if (suite) {
+    if (!o.data.empty()) throw pope::ConfigError("--data", "--task zero-shot-suite reads --data-dir DIR, not --data");
+    if (o.data_dir.empty()) throw pope::ConfigError("--data-dir", "--task zero-shot-suite needs --data-dir DIR");
+    if (o.was_given("--labels"))
+      throw pope::ConfigError("--labels", "the suite reads PIQA's valid-labels.lst beside valid.jsonl");
+    return pope::find_suite_files(o.data_dir);
+  }
+  if (!o.data_dir.empty())
+    throw pope::ConfigError("--data-dir", "is read by --task zero-shot-suite; --task " + o.task + " reads --data FILE");
+  if (o.data.empty())
+    throw pope::ConfigError("--data", fmt::format("--task {} needs --data: {}", o.task,
+                                                  pope::task_definition(*pope::task_from_name(o.task)).layout));
+  if (o.was_given("--labels") && o.task != "piqa") throw pope::ConfigError("--labels", "is read by --task piqa only");
+  return {{o.task, *pope::task_from_name(o.task), o.data}};
+}
+
+void print_task_progress(const std::string& label, const pope::TaskResult& r) {
+  std::string metrics;
+  for (const pope::MetricValue& m : r.metrics) metrics += fmt::format(" | {} {:.4f}", m.name, m.value);
+  spdlog::info("{} | {}: {} examples, {} skipped{} | {:.0f} tok/s ({} forwards)", label, r.name, r.examples.size(),
+               r.skipped.size(), metrics, r.stats.tokens_per_second(), r.stats.forwards);
+}
+
+// Every task file is read and every checkpoint opened before the first forward; then each
+// checkpoint scores every task: one row per checkpoint.
+int run_zero_shot(const Options& o) {
+  const std::vector<pope::SuiteEntry> entries = zero_shot_entries(o);
+  if (!o.labels.empty() && o.labels.size() != o.checkpoints.size())
+    throw pope::ConfigError("--label", fmt::format("{} labels for {} checkpoints; give one per --checkpoint or none",
+                                                   o.labels.size(), o.checkpoints.size()));
+  std::vector<pope::TaskData> tasks;
+  for (const pope::SuiteEntry& entry : entries) {
+    tasks.push_back(pope::read_task(entry.task, entry.path, o.labels_file));
+    if (entries.size() > 1) tasks.back().name = entry.name;
+  }
+  std::vector<pope::EvalCheckpoint> checkpoints;
+  for (std::size_t i = 0; i < o.checkpoints.size(); ++i) {
+    checkpoints.push_back(open_checkpoint(o, o.checkpoints[i]));
+    if (!o.labels.empty()) checkpoints.back().label = o.labels[i];
+  }
+  const pope::Gpt2Tokenizer tokenizer = pope::Gpt2Tokenizer::load_default(o.tokenizer_dir);
+  const pope::Tokenize tokenize = [&tokenizer](std::string_view text) {
+    const std::vector<std::uint16_t> ids = tokenizer.encode(text);
+    return std::vector<std::int32_t>(ids.begin(), ids.end());
+  };
+  pope::ZeroShotOptions options;
+  options.max_batch_tokens = o.sweep.max_batch_tokens;
+  options.strict = o.strict;
+  options.end_of_text = pope::kGpt2EndOfText;
+  options.threads = o.threads;
+  auto backend = pope::make_backend(*pope::enum_from_name<pope::DeviceChoice>(o.device), "float", o.threads);
+  spdlog::info("pope-eval: {} | {} task(s), {} checkpoint(s)", backend->description(), tasks.size(),
+               checkpoints.size());
+
+  std::vector<std::vector<pope::TaskRun>> runs(tasks.size());  // per task, per checkpoint
+  std::vector<pope::SuiteRow> rows;
+  for (const pope::EvalCheckpoint& checkpoint : checkpoints) {
+    auto model = pope::load_eval_model(checkpoint, *backend);
+    pope::SuiteRow row{checkpoint.label, {}};
+    for (std::size_t t = 0; t < tasks.size(); ++t) {
+      pope::TaskRun run{checkpoint.label, checkpoint.step_dir.string(), checkpoint.step,
+                        pope::describe_position(checkpoint.config.model.position),
+                        pope::evaluate_task(*model, tasks[t], tokenize, options)};
+      if (!o.quiet) print_task_progress(run.label, run.result);
+      row.results.push_back(run.result);
+      runs[t].push_back(std::move(run));
+    }
+    rows.push_back(std::move(row));
+  }
+
+  for (const auto& task_runs : runs) std::cout << pope::format_task_table(task_runs) << "\n";
+  const bool suite = o.task == "zero-shot-suite";
+  if (suite) std::cout << pope::format_suite_table(rows);
+  namespace fs = std::filesystem;
+  if (!o.json.empty()) {
+    nlohmann::json j = suite ? pope::suite_to_json(rows) : nlohmann::json::object();
+    nlohmann::json per_task = nlohmann::json::object();
+    for (std::size_t t = 0; t < tasks.size(); ++t) per_task[tasks[t].name] = pope::task_runs_to_json(runs[t])["runs"];
+    j["tasks"] = per_task;
+    j["device"] = backend->description();
+    pope::write_file_atomic(fs::absolute(o.json), j.dump(2) + "\n");
+  }
+  if (!o.csv.empty()) {
+    std::string csv;
+    for (const auto& task_runs : runs) {
+      const std::string part = pope::format_task_csv(task_runs);
+      csv += csv.empty() ? part : part.substr(part.find('\n') + 1);  // one header
+    }
+    pope::write_file_atomic(fs::absolute(o.csv), csv);
+  }
+  return 0;
+}
+
 int run_plot_csv(const Options& o) {
   if (o.plot.empty()) throw pope::ConfigError("--plot", "--plot-csv needs --plot FILE.png");
   if (!o.checkpoints.empty() || !o.data.empty())
@@ -236,10 +350,19 @@ int main(int argc, char** argv) {
   pope::tools::log_to_stderr("pope-eval");
   CLI::App app{"pope-eval: perplexity of checkpoints versus evaluation length (PG-19 protocol of the PoPE paper).\n"
                "Each token file is one book; a window of L tokens predicts L next tokens, windows do not overlap,\n"
-               "each book's remainder is dropped; perplexity = exp(mean NLL over all tokens of all windows)."};
-  app.footer("Exit codes: 0 done, 1 data/checkpoint/runtime error, 2 usage or config error.\n"
+               "each book's remainder is dropped; perplexity = exp(mean NLL over all tokens of all windows).\n"
+               "--task TASK --data FILE scores the paper's zero-shot tasks as lm-evaluation-harness does (GPT-2\n"
+               "tokenizer; acc, acc_norm = argmax of LL per byte, LAMBADA's last-word acc and perplexity, each with\n"
+               "its standard error); --task zero-shot-suite --data-dir DIR runs every task found in DIR."};
+  std::string footer = "Zero-shot task files (--data):\n";
+  for (const pope::TaskDefinition& d : pope::task_definitions())
+    footer += fmt::format("  {:<10} {}\n", d.name, d.layout);
+  footer += "Suite directory (--data-dir), the first name present per column:\n" + pope::suite_layout();
+  app.footer(footer +
+             "Exit codes: 0 done, 1 data/checkpoint/runtime error, 2 usage or config error.\n"
              "Example: pope-eval --checkpoint runs/rope --checkpoint runs/pope --data data/pg19_demo \\\n"
-             "           --lengths 1024:10240:1024 --csv lengths.csv --plot lengths.png");
+             "           --lengths 1024:10240:1024 --csv lengths.csv --plot lengths.png\n"
+             "         pope-eval --task hellaswag --data hellaswag_val.jsonl --checkpoint runs/pope --json hs.json");
   Options o;
   app.add_option("--checkpoint", o.checkpoints, "run directory (newest checkpoint) or step directory; repeatable "
                                                 "(the books are loaded once for all)");
@@ -295,9 +418,22 @@ int main(int argc, char** argv) {
                                              "train.seq_len)")
       ->check(pope::tools::kNonNegative);
   app.add_flag("-q,--quiet", o.quiet, "no progress lines");
-  app.add_option("--task", o.task, "task mode: test-set accuracy (and per shift) of a checkpoint trained on the task; "
-                                   "--json writes it")
-      ->check(CLI::IsMember({"indirect_indexing"}));
+  std::vector<std::string> task_names{"indirect_indexing", "zero-shot-suite"};
+  for (const pope::TaskDefinition& d : pope::task_definitions()) task_names.emplace_back(d.name);
+  app.add_option("--task", o.task, "task mode: indirect_indexing (test-set accuracy, overall and per shift, of a "
+                                   "checkpoint trained on the task), a zero-shot task (lambada, hellaswag, piqa, "
+                                   "arc_easy, blimp, cbt; --data FILE) or zero-shot-suite (--data-dir DIR); --json "
+                                   "writes the results, --csv (zero-shot) one row per example and choice")
+      ->check(CLI::IsMember(task_names));
+  app.add_option("--data-dir", o.data_dir, "--task zero-shot-suite: the directory holding the task files (names "
+                                           "below)");
+  app.add_option("--labels", o.labels_file, "--task piqa: the labels file (default: valid-labels.lst beside "
+                                            "valid.jsonl)");
+  app.add_flag("--strict", o.strict, "zero-shot tasks: an example that would be skipped (e.g. a choice without "
+                                     "tokens) is an error instead (by default skips are counted and reported)");
+  app.add_option("--tokenizer-dir", o.tokenizer_dir, "zero-shot tasks: directory with encoder.json and vocab.bpe "
+                                                     "(default: $POPE_TOKENIZER_DIR, else data/tokenizer above the "
+                                                     "working directory)");
   app.add_flag("--diagnostics", o.diagnostics,
                "PJ-RoPE mode: sector gates, mass per order, top order, energies on the lag grid 0..L−1 (L: --lengths, "
                "default the training length) and affine slopes per layer and head; with --data also leave-one-order-"
@@ -322,6 +458,9 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitConfig;
   }
+  for (const char* flag : {"--lengths", "--tail", "--max-windows", "--plot", "--plot-csv", "--train-len", "--data-dir",
+                           "--labels", "--strict", "--tokenizer-dir", "--csv"})
+    if (app.get_option(flag)->count() > 0) o.given.emplace_back(flag);
   if (*rope_kind_flag) o.rope.kind = rope_kind;
   if (*rope_factor_flag) o.rope.factor = rope_factor;
   if (*yarn_alpha_flag) o.rope.yarn_alpha = yarn_alpha;
@@ -330,7 +469,11 @@ int main(int argc, char** argv) {
 
   try {
     if (!o.task.empty() && o.diagnostics) throw pope::ConfigError("--task", "choose --task or --diagnostics, not both");
-    if (!o.task.empty()) return run_indirect_indexing(o);
+    if (o.task.empty())
+      for (const char* flag : {"--data-dir", "--labels", "--strict", "--tokenizer-dir"})
+        if (o.was_given(flag)) throw pope::ConfigError(flag, "is read by the zero-shot tasks (--task) only");
+    if (o.task == "indirect_indexing") return run_indirect_indexing(o);
+    if (!o.task.empty()) return run_zero_shot(o);
     if (o.diagnostics) return run_diagnostics(o);
     return o.plot_csv.empty() ? run_length_sweep(o) : run_plot_csv(o);
   } catch (const pope::ConfigError& e) {

@@ -47,7 +47,10 @@ std::string format_task_table(std::span<const TaskRun> runs) {
   const TaskResult& first = runs.front().result;
   std::vector<std::string> names;
   for (const MetricValue& m : first.metrics) names.push_back(m.name);
-  std::string out = fmt::format("task {}: {}\n", first.name, first.files.front().string());
+  std::string out = fmt::format("task {}: {}", first.name, first.files.front().string());
+  if (first.task == ZeroShotTask::blimp && first.files.size() > 1)
+    out += fmt::format(" and {} more paradigm files", first.files.size() - 1);
+  out += "\n";
   out += fmt::format("{:<20} {:>8} {:<16} {:>8} {:>7}", "checkpoint", "step", "position", "examples", "skipped");
   for (const std::string& name : names) out += fmt::format(" {:>17}", name);
   out += fmt::format(" {:>10}\n", "tok/s");
