@@ -84,8 +84,9 @@ class TrainStep {
   void time_phases(bool on) { time_phases_ = on; }
 
   const TrainStepShape& shape() const { return shape_; }
-  // Whether a recording of the step exists for the model's current activation buffers, so
-  // that the next enqueue replays it (true from the second step on a graph backend).
+  // Whether a recording of the step exists for the model's current activation buffers and the
+  // backend's current scratch, so that the next enqueue replays it (true from the second step
+  // on a graph backend).
   bool replaying() const;
 
  private:
@@ -108,8 +109,10 @@ class TrainStep {
   std::array<std::unique_ptr<Slot>, 2> slots_;
   std::unique_ptr<GraphCapture> graph_;
   std::uint64_t recorded_generation_ = 0;  // Model::activation_generation() the recording holds
+  std::uint64_t recorded_scratch_ = 0;     // and Backend::scratch_generation()
   bool warm_ = false;                      // an eager step has run on...
   std::uint64_t warm_generation_ = 0;      // ...these activation buffers
+  std::uint64_t warm_scratch_ = 0;         // ...and this backend scratch
   long enqueued_ = 0;
   std::int64_t bucket_bytes_;
   bool time_phases_ = false;

@@ -328,6 +328,9 @@ class CudaBackend final : public Backend {
 
   bool supports_graphs() const override { return true; }
   std::unique_ptr<GraphCapture> make_graph_capture() override { return std::make_unique<CudaGraphCapture>(stream_); }
+  std::uint64_t scratch_generation() const override {
+    return cuda::scratch_changes().load(std::memory_order_relaxed);
+  }
 
   // ---- embedding --------------------------------------------------------------------------
 

@@ -5,11 +5,20 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 #include "cuda/cuda_check.hpp"
 
 namespace pope::cuda {
+
+// Counts every change of scratch memory that recorded work (a CUDA graph) could hold: a block
+// moved by growing, or a table whose uploaded values changed (CudaBackend::scratch_generation).
+inline std::atomic<std::uint64_t>& scratch_changes() {
+  static std::atomic<std::uint64_t> changes{0};
+  return changes;
+}
 
 class DeviceScratch {
  public:
@@ -29,6 +38,7 @@ class DeviceScratch {
     bytes_ = 0;
     POPE_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 1 : bytes));
     bytes_ = bytes;
+    scratch_changes().fetch_add(1, std::memory_order_relaxed);
     return data_;
   }
   void* data() const { return data_; }

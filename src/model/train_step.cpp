@@ -83,7 +83,8 @@ TrainStep::~TrainStep() {
 }
 
 bool TrainStep::replaying() const {
-  return graph_ != nullptr && recorded_generation_ == model_.activation_generation();
+  return graph_ != nullptr && recorded_generation_ == model_.activation_generation() &&
+         recorded_scratch_ == model_.backend().scratch_generation();
 }
 
 void TrainStep::enqueue(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, long step,
@@ -141,7 +142,8 @@ TrainStepResult TrainStep::result(long step) {
 
 // Eager until one step of the current activation buffers has run (it reserves every scratch
 // buffer the step needs), then recorded once and replayed; recorded again if the model's
-// activations were reallocated (e.g. by an evaluation with another batch size). Steps with
+// activations or the backend's scratch changed (e.g. by an evaluation with another batch size,
+// or a sample decoded past the training length). Steps with
 // collectives stay eager: NCCL can be recorded in a graph, but an eager step is what the
 // multi-GPU check has verified, and at data-parallel sizes the launch overhead is small.
 void TrainStep::run_step() {
@@ -152,11 +154,13 @@ void TrainStep::run_step() {
   }
   graph_.reset();
   Backend& be = model_.backend();
-  const bool warm = warm_generation_ == model_.activation_generation() && warm_;
+  const bool warm =
+      warm_ && warm_generation_ == model_.activation_generation() && warm_scratch_ == be.scratch_generation();
   if (!use_graph_ || time_phases_ || !be.supports_graphs() || communicator_.size() > 1 || !warm) {
     queue_step();
     warm_ = true;
     warm_generation_ = model_.activation_generation();
+    warm_scratch_ = be.scratch_generation();
     return;
   }
   std::unique_ptr<GraphCapture> capture = be.make_graph_capture();
@@ -165,6 +169,7 @@ void TrainStep::run_step() {
   capture->end();
   graph_ = std::move(capture);
   recorded_generation_ = model_.activation_generation();
+  recorded_scratch_ = be.scratch_generation();
   graph_->replay();
 }
 
