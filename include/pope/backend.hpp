@@ -87,11 +87,15 @@ struct KvCacheLayer {
 // call writes the new rows' keys and values into cache rows [p0, p0 + n), then
 //   out_t = Σ_{s ≤ t} softmax_s(<q̃_t, k̃_s> · scale + b_h(t − s)) v_s
 // with the scale and bias of a call covering positions [0, p0 + n): the last rows of a full
-// forward over the same tokens.
+// forward over the same tokens. `past` holds p0 when the call runs: a backend that records a
+// decode step (a CUDA graph) reads the position there, so that one recording replays at every
+// new position, and tabulates the bias b_h(Δ) for the cache's whole capacity (the same values:
+// a bias depends on the lag alone). `position` is the context of the call being queued.
 struct AttentionDecode {
   AttentionShape shape;  // seq_len: n, the new rows per sequence
   const PositionEncoding* encoding = nullptr;
   PositionContext position;  // seq_len n, position_offset p0
+  Tensor past;               // i32 [1] in backend memory: p0
   Tensor qkv;                // [B·n, 3C], the new rows
   Tensor out;                // [B·n, C]
   std::span<const Tensor> position_params;
@@ -207,6 +211,10 @@ class Backend {
   // supports_graphs().
   virtual bool supports_graphs() const { return false; }
   virtual std::unique_ptr<GraphCapture> make_graph_capture();
+  // Changes whenever the backend's own temporary memory moves or one of its uploaded tables
+  // changes, so that a recording that holds their addresses or values knows it must be made again
+  // (also changed by other backends of the process: a needless new recording, never a stale one).
+  virtual std::uint64_t scratch_generation() const { return 0; }
 
   // out[N,C] = wte[tokens[n], :];  dwte[tokens[n], :] += dout[n, :] (accumulate, deterministic).
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte) = 0;

@@ -1,6 +1,6 @@
 // The key/value cache of incremental decoding: for each layer the encoded keys and the values of
-// up to `capacity` positions of `batch` sequences (pope/backend.hpp's KvCacheLayer), and the
-// buffers of one decode call. Model::make_kv_cache makes one for its model, Model::decode fills
+// up to `capacity` positions of `batch` sequences (pope/backend.hpp's KvCacheLayer), the
+// buffers of one decode call and the recording of a one-token step. Model::make_kv_cache makes one for its model, Model::decode fills
 // it; the cache belongs to that model and backend.
 #pragma once
 
@@ -22,6 +22,9 @@ class KvCache {
   int length() const { return length_; }  // positions cached, the same for every sequence
   // Forgets the cached positions (the storage is kept and overwritten).
   void clear() { length_ = 0; }
+  // Whether one-token decode steps are recorded and replayed on backends that record work
+  // (a CUDA graph; the default). Off, every step is queued eagerly: the same numbers, slower.
+  void set_record_steps(bool on) { record_steps_ = on; }
 
  private:
   friend class Model;
@@ -29,6 +32,7 @@ class KvCache {
   KvCache(int batch, int capacity);
 
   int batch_ = 0, capacity_ = 0, length_ = 0;
+  bool record_steps_ = true;
   std::vector<OwnedTensor> keys_, values_, raw_keys_;  // per layer; raw_keys_ only where re-encoded
   std::unique_ptr<Buffers> buffers_;                   // sized for the largest call so far
 };

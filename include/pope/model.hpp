@@ -143,6 +143,9 @@ class Model {
   Tensor weight(std::size_t index) const;
   Tensor grad(std::size_t index) const;
   void forward_pass(Tensor tokens, int B, int T);
+  void reserve_decode(KvCache& cache, std::int64_t rows);
+  void reserve_decode_logits(KvCache& cache, std::int64_t rows);
+  void queue_decode(KvCache& cache, int n, bool all_rows);
   // One layer's forward over the tensors of `t`; `attention` computes t.attn from t.qkv given the
   // layer's position parameters (the full forward's or the decode's attention).
   struct LayerTensors;

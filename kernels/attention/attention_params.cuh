@@ -31,6 +31,9 @@ constexpr int kPjRotaryMaxOrder = 15;
 struct QkTransformParams {
   QkTransformKind kind = QkTransformKind::identity;
   int position_offset = 0;              // absolute position of row 0
+  // When set, row 0's absolute position is read from this device int instead: a decode step
+  // recorded once (a CUDA graph) and replayed at every new position.
+  const int* position_offset_at = nullptr;
   int rotary_pairs = 0;                 // rope: pairs (m, m + rotary_pairs) rotate, later channels pass
   const double* frequencies = nullptr;  // rope: θ'_m [rotary_pairs]; pope: ω_c [head_dim];
                                         // pj_rotary: ω_m [head_dim / (2(K+1))]

@@ -1,10 +1,11 @@
 // Incremental decoding's attention (decode_attention.cuh). A block of four warps takes one
-// (query row, head, sequence) and one chunk of keys; each warp takes every fourth key of the
-// chunk, its lanes splitting the q̃·k̃ dot product and the value row two channels each, with an
-// online softmax per warp. The warps, then the chunks, merge their (max, sum, Σ p·v) in a fixed
+// (query row, head, sequence) and one range of keys; each warp takes every fourth key of the
+// range, its lanes splitting the q̃·k̃ dot product and the value row two channels each, with an
+// online softmax per warp. The warps, then the ranges, merge their (max, sum, Σ p·v) in a fixed
 // order.
 #include "attention/decode_attention.cuh"
 
+#include <algorithm>
 #include <cmath>
 
 #include "block_reduce.cuh"  // kWarpSize
@@ -17,18 +18,19 @@ constexpr int kWarps = 4;
 constexpr int kMaxWidth = 256;                     // W and d
 constexpr int kPerLane = kMaxWidth / kWarpSize;    // channels a lane may hold
 
-// Rows of a partial: max m, sum l, then d floats of Σ p·v, for each (b, h, i, chunk).
+// Rows of a partial: max m, sum l, then d floats of Σ p·v, for each (b, h, i, range).
 __host__ __device__ inline std::size_t partial_stride(int head_dim) { return std::size_t(head_dim) + 2; }
 
-__host__ __device__ inline int chunks_of(const DecodeDims& dims) {
-  return (dims.past + dims.new_rows + kDecodeChunk - 1) / kDecodeChunk;
-}
+// Blocks a decode call aims for: a few waves of a large GPU.
+constexpr int kTargetBlocks = 1024;
 
 __global__ void append_kernel(DecodeDims dims, const __nv_bfloat16* k_encoded, const __nv_bfloat16* qkv,
                               __nv_bfloat16* keys, __nv_bfloat16* values) {
   const int b = blockIdx.x / dims.new_rows, i = blockIdx.x % dims.new_rows, h = blockIdx.y;
+  const int t = *dims.past + i;
+  if (t >= dims.capacity) return;  // the host checks p0 + n ≤ capacity; never write past the cache
   const long C = long(dims.n_head) * dims.head_dim;
-  const long slot = (long(b) * dims.n_head + h) * dims.capacity + dims.past + i;
+  const long slot = (long(b) * dims.n_head + h) * dims.capacity + t;
   const __nv_bfloat16* k_row = k_encoded + ((long(b) * dims.n_head + h) * dims.new_rows + i) * dims.qk_width;
   const __nv_bfloat16* v_row = qkv + (long(b) * dims.new_rows + i) * 3 * C + 2 * C + long(h) * dims.head_dim;
   for (int c = threadIdx.x; c < dims.qk_width; c += blockDim.x) keys[slot * dims.qk_width + c] = k_row[c];
@@ -42,13 +44,12 @@ __device__ inline float warp_sum(float x) {
 }
 
 __global__ void __launch_bounds__(kWarps * kWarpSize)
-    chunk_kernel(DecodeDims dims, ScoreParams score, const __nv_bfloat16* q_encoded, const __nv_bfloat16* keys,
+    range_kernel(DecodeDims dims, ScoreParams score, const __nv_bfloat16* q_encoded, const __nv_bfloat16* keys,
                  const __nv_bfloat16* values, float* partials) {
   __shared__ float warp_state[kWarps][kMaxWidth + 2];
-  const int chunks = chunks_of(dims);
-  const int chunk = blockIdx.x % chunks, row = blockIdx.x / chunks, h = blockIdx.y;  // row = b·n + i
+  const int split = blockIdx.x % dims.splits, row = blockIdx.x / dims.splits, h = blockIdx.y;  // row = b·n + i
   const int b = row / dims.new_rows, i = row % dims.new_rows;
-  const int t = dims.past + i, total = dims.past + dims.new_rows;
+  const int past = *dims.past, t = past + i, total = past + dims.new_rows;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int W = dims.qk_width, d = dims.head_dim;
   const long head_slot = (long(b) * dims.n_head + h) * dims.capacity;
@@ -62,9 +63,10 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
     o[k] = 0.0f;
   }
   const float slope = score.bias_slopes != nullptr ? score.bias_slopes[h] : 0.0f;
-  const float* bias_row = score.bias != nullptr ? score.bias + long(h) * total : nullptr;
+  const float* bias_row = score.bias != nullptr ? score.bias + long(h) * dims.capacity : nullptr;
   float m = -INFINITY, l = 0.0f;
-  const int first = chunk * kDecodeChunk, last = min(first + kDecodeChunk, t + 1);  // keys s ≤ t
+  const int per_split = (total + dims.splits - 1) / dims.splits;
+  const int first = split * per_split, last = min(first + per_split, min(t + 1, dims.capacity));  // keys s ≤ t
   for (int s = first + warp; s < last; s += kWarps) {
     const __nv_bfloat16* k_row = keys + (head_slot + s) * W;
     float dot = 0.0f;
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   if (warp != 0) return;
   float merged_m = -INFINITY;
   for (int w = 0; w < kWarps; ++w) merged_m = fmaxf(merged_m, warp_state[w][0]);
-  float* out = partials + ((long(row) * dims.n_head + h) * chunks + chunk) * partial_stride(d);
+  float* out = partials + ((long(row) * dims.n_head + h) * dims.splits + split) * partial_stride(d);
   float merged_l = 0.0f;
   for (int w = 0; w < kWarps; ++w)
     if (warp_state[w][0] != -INFINITY) merged_l += warp_state[w][1] * __expf(warp_state[w][0] - merged_m);
@@ -118,36 +120,44 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   }
 }
 
-__global__ void merge_kernel(DecodeDims dims, int chunks, const float* partials, __nv_bfloat16* out) {
+// A range with no key of the row (past its last key) holds m = −∞, l = 0 and adds nothing.
+__global__ void merge_kernel(DecodeDims dims, const float* partials, __nv_bfloat16* out) {
   const int row = blockIdx.x, h = blockIdx.y;
   const int d = dims.head_dim;
-  const float* first = partials + (long(row) * dims.n_head + h) * chunks * partial_stride(d);
-  const int t = dims.past + row % dims.new_rows;
-  const int used = t / kDecodeChunk + 1;  // chunks past the row's last key hold nothing
+  const float* first = partials + (long(row) * dims.n_head + h) * dims.splits * partial_stride(d);
+  auto max_of = [&](int c) { return first[c * partial_stride(d)]; };
   float m = -INFINITY;
-  for (int c = 0; c < used; ++c) m = fmaxf(m, first[c * partial_stride(d)]);
+  for (int c = 0; c < dims.splits; ++c) m = fmaxf(m, max_of(c));
   float l = 0.0f;
-  for (int c = 0; c < used; ++c) l += first[c * partial_stride(d) + 1] * __expf(first[c * partial_stride(d)] - m);
+  for (int c = 0; c < dims.splits; ++c)
+    if (max_of(c) != -INFINITY) l += first[c * partial_stride(d) + 1] * __expf(max_of(c) - m);
   const float inverse = 1.0f / l;
   __nv_bfloat16* y = out + long(row) * dims.n_head * d + long(h) * d;
   for (int ch = threadIdx.x; ch < d; ch += blockDim.x) {
     float sum = 0.0f;
-    for (int c = 0; c < used; ++c) sum += first[c * partial_stride(d) + 2 + ch] * __expf(first[c * partial_stride(d)] - m);
+    for (int c = 0; c < dims.splits; ++c)
+      if (max_of(c) != -INFINITY) sum += first[c * partial_stride(d) + 2 + ch] * __expf(max_of(c) - m);
     y[ch] = __float2bfloat16(sum * inverse);
   }
 }
 
 bool valid(const DecodeDims& dims) {
   return dims.batch > 0 && dims.n_head > 0 && dims.n_head <= 65535 && dims.new_rows > 0 && dims.head_dim > 0 &&
-         dims.head_dim <= kMaxWidth && dims.qk_width > 0 && dims.qk_width <= kMaxWidth && dims.past >= 0 &&
-         dims.past + dims.new_rows <= dims.capacity &&
-         long(dims.batch) * dims.new_rows * chunks_of(dims) <= 2147483647L;
+         dims.head_dim <= kMaxWidth && dims.qk_width > 0 && dims.qk_width <= kMaxWidth && dims.past != nullptr &&
+         dims.new_rows <= dims.capacity && dims.splits > 0 &&
+         long(dims.batch) * dims.new_rows * dims.splits <= 2147483647L;
 }
 
 }  // namespace
 
+int decode_splits(int rows, int n_head, int capacity) {
+  const long blocks_per_split = std::max(1L, long(rows) * n_head);
+  const long wanted = (kTargetBlocks + blocks_per_split - 1) / blocks_per_split;
+  return int(std::clamp(wanted, 1L, std::max(1L, long(capacity) / kMinDecodeKeysPerSplit)));
+}
+
 std::size_t decode_attention_partial_floats(const DecodeDims& dims) {
-  return std::size_t(dims.batch) * dims.new_rows * dims.n_head * std::size_t(chunks_of(dims)) *
+  return std::size_t(dims.batch) * dims.new_rows * dims.n_head * std::size_t(dims.splits) *
          partial_stride(dims.head_dim);
 }
 
@@ -163,11 +173,10 @@ cudaError_t decode_attention(const DecodeDims& dims, const ScoreParams& score, c
                              const __nv_bfloat16* keys, const __nv_bfloat16* values, float* partials,
                              __nv_bfloat16* out, cudaStream_t stream) {
   if (!valid(dims)) return cudaErrorInvalidValue;
-  const int chunks = chunks_of(dims);
   const int rows = dims.batch * dims.new_rows;
-  chunk_kernel<<<dim3(unsigned(rows) * unsigned(chunks), dims.n_head), kWarps * kWarpSize, 0, stream>>>(
+  range_kernel<<<dim3(unsigned(rows) * unsigned(dims.splits), dims.n_head), kWarps * kWarpSize, 0, stream>>>(
       dims, score, q_encoded, keys, values, partials);
-  merge_kernel<<<dim3(rows, dims.n_head), 128, 0, stream>>>(dims, chunks, partials, out);
+  merge_kernel<<<dim3(rows, dims.n_head), 128, 0, stream>>>(dims, partials, out);
   return cudaGetLastError();
 }
 

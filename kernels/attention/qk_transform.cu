@@ -129,6 +129,11 @@ __device__ PhaseRotation rope_phase_of(const QkTransformParams& transform, const
   return rotation_by(site.position * transform.frequencies[m]);
 }
 
+// Absolute position of the call's row 0 (QkTransformParams::position_offset_at).
+__device__ inline int first_position(const QkTransformParams& transform) {
+  return transform.position_offset_at != nullptr ? *transform.position_offset_at : transform.position_offset;
+}
+
 // Columns of the phase table: RoPE's rotary pairs; 0 for other transforms (PoPE's kernels form
 // each site's phases once for the whole batch, which a table would not make cheaper).
 __host__ __device__ int phase_table_width(const QkTransformParams& transform) {
@@ -147,7 +152,7 @@ __global__ void phase_table_kernel(int seq_len, int width, QkTransformParams tra
     const bool key = i >= rows;
     const std::int64_t j = key ? i - rows : i;
     const int t = int(j / width), m = int(j % width);
-    const double p = double(transform.position_offset) + double(t);
+    const double p = double(first_position(transform)) + double(t);
     const PhaseRotation r = rotation_by(p * transform.frequencies[m]);
     float scale = 1.0f;
     if (transform.scale_rates != nullptr) {
@@ -177,7 +182,7 @@ __global__ void encode_pj_rotary_kernel(AttentionDims dims, QkTransformParams tr
   const std::int64_t total = thread_count(dims, width);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of(i, dims, transform.position_offset, is_key, width);
+    const GroupSite site = site_of(i, dims, first_position(transform), is_key, width);
     const PjShear<kChannels> shear(transform.shear_rate * site.position, channels, is_key);
     const PhaseRotation turn = rotation_by(site.position * transform.frequencies[site.c0 / width]);
     for (int b = 0; b < site.sequences; ++b) {
@@ -221,7 +226,7 @@ __global__ void encode_pj_rotary_backward_kernel(AttentionDims dims, QkTransform
   const std::int64_t total = thread_count(dims, width);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of(i, dims, transform.position_offset, is_key, width);
+    const GroupSite site = site_of(i, dims, first_position(transform), is_key, width);
     const PjShear<kChannels> shear(transform.shear_rate * site.position, channels, is_key);
     const PhaseRotation turn = rotation_by(site.position * transform.frequencies[site.c0 / width]);
     for (int b = 0; b < site.sequences; ++b) {
@@ -287,7 +292,7 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
   const std::int64_t total = thread_count(dims, kGroup);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of(i, dims, transform.position_offset, is_key, kGroup);
+    const GroupSite site = site_of(i, dims, first_position(transform), is_key, kGroup);
     const int c0 = site.c0;
     const __nv_bfloat16* x = qkv + site.qkv + c0;
     __nv_bfloat16* y = encoded + site.encoded + c0;
@@ -354,7 +359,7 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
   const std::int64_t total = thread_count(dims, kGroup);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of(i, dims, transform.position_offset, is_key, kGroup);
+    const GroupSite site = site_of(i, dims, first_position(transform), is_key, kGroup);
     const int c0 = site.c0;
     const Grad* dy = dencoded + site.encoded + c0;
     __nv_bfloat16* dx = dqkv + site.qkv + c0;
@@ -455,7 +460,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const bool owns_group = row < tiling.positions && c0 < d;
   float sum[kGroup] = {};
   if (owns_group && t < dims.seq_len) {
-    const GroupSite site = site_at(dims, transform.position_offset, true, slice, t, h, c0);
+    const GroupSite site = site_at(dims, first_position(transform), true, slice, t, h, c0);
     PhaseRotation r[kGroup];
     bool sums[kGroup];
 #pragma unroll

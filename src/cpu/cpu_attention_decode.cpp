@@ -54,6 +54,8 @@ template <class Real> void attention_decode(int threads, const AttentionDecode& 
   }
   require(total <= capacity, op,
           fmt::format("{} cached + {} new rows exceed the cache's capacity of {}", p0, n, capacity));
+  require(args.past.dtype == DType::i32 && args.past.numel() == 1 && *args.past.as<std::int32_t>() == p0, op,
+          fmt::format("past must be an i32 [1] holding the cached length {}", p0));
   check_matrix(op, "qkv", args.qkv, dtype_of<Real>(), std::int64_t(B) * n, stride);
   check_matrix(op, "out", args.out, dtype_of<Real>(), std::int64_t(B) * n, C);
   const auto param_ptrs =

@@ -70,6 +70,7 @@ class DeviceTable {
       host_ = values;
       POPE_CUDA_CHECK(cudaMemcpyAsync(device, host_.data(), host_.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
       uploaded_to_ = device;
+      scratch_changes().fetch_add(1, std::memory_order_relaxed);
     }
     return device;
   }
@@ -229,11 +230,13 @@ struct AttentionRunner::Scratch {
     return 0;
   }
 
-  // The plan's q/k transform for this call, its tables uploaded.
+  // The plan's q/k transform for this call, its tables uploaded; with `position_at`, the kernels
+  // read the call's first position from there (QkTransformParams::position_offset_at).
   QkTransformParams transform(const TransformPlan& plan, const PositionContext& ctx, const std::vector<float*>& params,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const int* position_at = nullptr) {
     QkTransformParams device;
     device.position_offset = ctx.position_offset;
+    device.position_offset_at = position_at;
     switch (plan.kind) {
       case TransformKind::identity:
         return device;  // positions act through the mask and the bias only
@@ -441,30 +444,35 @@ void AttentionRunner::decode(const AttentionDecode& args, cudaStream_t stream) {
                       dtype_name(keys.dtype), shape_string(keys.shape), dtype_name(values.dtype),
                       shape_string(values.shape), dims.batch, dims.n_head, dims.qk_width, dims.batch, dims.n_head,
                       dims.head_dim));
-  kernels::DecodeDims decode_dims{dims.batch, dims.n_head, dims.seq_len, dims.head_dim, dims.qk_width,
-                                  args.position.position_offset, int(keys.shape[2])};
-  const int total = decode_dims.past + decode_dims.new_rows;
-  require(total <= decode_dims.capacity && total <= kernels::kMaxAttentionSeqLen, op,
+  const int p0 = args.position.position_offset, capacity = int(keys.shape[2]);
+  require(p0 + dims.seq_len <= capacity && capacity <= kernels::kMaxAttentionSeqLen, op,
           fmt::format("{} cached + {} new rows exceed the cache's capacity of {} (or the {} positions the GPU "
                       "kernels support)",
-                      decode_dims.past, decode_dims.new_rows, decode_dims.capacity, kernels::kMaxAttentionSeqLen));
+                      p0, dims.seq_len, capacity, kernels::kMaxAttentionSeqLen));
+  check_vector(op, "past", args.past, DType::i32, 1);
+  const auto* past = static_cast<const int*>(args.past.data);
+  const kernels::DecodeDims decode_dims{dims.batch,    dims.n_head, dims.seq_len,
+                                        dims.head_dim, dims.qk_width, capacity,
+                                        kernels::decode_splits(dims.batch * dims.seq_len, dims.n_head, capacity),
+                                        past};
   const std::vector<float*> params = parameter_pointers(op, "position_params", args.position_params, encoding, dims);
 
-  // The new rows' q̃, k̃ exactly as a forward at this position offset encodes them.
-  const TransformPlan transform_plan = encoding.transform_plan(args.position);
-  const QkTransformParams transform = scratch_->transform(transform_plan, args.position, params, stream);
+  // Everything but p0 is that of a call over the whole cache, so that the work queued here is
+  // the same at every position (a recorded step replays it): the transform's plan (which also
+  // checks that every position of the cache is in range), the scale and the bias table.
+  const PositionContext whole{capacity, args.position.train_length, dims.n_head, dims.head_dim, 0};
+  const TransformPlan transform_plan = encoding.transform_plan(whole);
+  const QkTransformParams transform = scratch_->transform(transform_plan, args.position, params, stream, past);
   auto* q_new = reserve_elements<__nv_bfloat16>(scratch_->q, encoded_elements(dims));
   auto* k_new = reserve_elements<__nv_bfloat16>(scratch_->k, encoded_elements(dims));
   const auto* qkv = static_cast<const __nv_bfloat16*>(args.qkv.data);
   POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, qkv, q_new, k_new, stream));
   POPE_CUDA_CHECK(kernels::append_to_kv_cache(decode_dims, k_new, qkv, static_cast<__nv_bfloat16*>(keys.data),
                                               static_cast<__nv_bfloat16*>(values.data), stream));
-  // The scale and bias of a call over positions [0, total).
-  const PositionContext full{total, args.position.train_length, dims.n_head, dims.head_dim, 0};
-  const BiasPlan bias_plan = encoding.bias_plan(full);
-  const std::optional<LearnedBias> learned = scratch_->learned_bias(bias_plan, full, params, {}, stream);
+  const BiasPlan bias_plan = encoding.bias_plan(whole);
+  const std::optional<LearnedBias> learned = scratch_->learned_bias(bias_plan, whole, params, {}, stream);
   const kernels::ScoreParams score =
-      scratch_->score(encoding, bias_plan, full, learned, stream, Scratch::LearnedTable{stream, nullptr, false});
+      scratch_->score(encoding, bias_plan, whole, learned, stream, Scratch::LearnedTable{stream, nullptr, false});
   auto* partials =
       reserve_elements<float>(scratch_->decode_partials, kernels::decode_attention_partial_floats(decode_dims));
   POPE_CUDA_CHECK(kernels::decode_attention(decode_dims, score, q_new, static_cast<const __nv_bfloat16*>(keys.data),

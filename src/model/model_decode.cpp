@@ -3,6 +3,7 @@
 // cache (Backend::attention_decode).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "model/forward_logits.hpp"
@@ -13,11 +14,18 @@ namespace pope {
 
 // A decode call's activations for up to `rows` = batch × new rows: one set shared by every layer
 // (nothing is kept for a backward), the residual stream in two buffers (a layer writes its output
-// over its input).
+// over its input), and the recording of a one-token step.
 struct KvCache::Buffers {
   std::int64_t rows = 0;
-  OwnedTensor tokens, residual, residual_mid, norm1, norm2, rstd1, rstd2, qkv, attn, fc_pre, fc_act, final_norm,
-      final_rstd, logits;
+  OwnedTensor inputs;  // i32 [1 + rows]: the cached length p0, then the new tokens
+  OwnedTensor residual, residual_mid, norm1, norm2, rstd1, rstd2, qkv, attn, fc_pre, fc_act, final_norm, final_rstd,
+      logits;
+  Buffer host_logits;  // page-locked copy of `logits`
+  std::unique_ptr<Fence> logits_copied;
+  std::unique_ptr<GraphCapture> step;  // a one-token step of every sequence, replayed at each position
+  std::uint64_t step_scratch = 0;      // Backend::scratch_generation() it holds
+  bool warm = false;                   // an eager one-token step ran with...
+  std::uint64_t warm_scratch = 0;      // ...this scratch
 };
 
 KvCache::KvCache(int batch, int capacity) : batch_(batch), capacity_(capacity) {}
@@ -45,6 +53,72 @@ std::unique_ptr<KvCache> Model::make_kv_cache(int batch, int capacity) {
   return cache;
 }
 
+void Model::reserve_decode(KvCache& cache, std::int64_t rows) {
+  if (cache.buffers_ && cache.buffers_->rows >= rows) return;
+  cache.buffers_.reset();  // with any recording, which holds the old addresses
+  auto b = std::make_unique<KvCache::Buffers>();
+  const DType act = backend_.dtypes().activation, stat = backend_.dtypes().statistic;
+  const std::int64_t C = config_.n_embd;
+  auto alloc = [&](Shape s, DType t) { return allocate_tensor(backend_, std::move(s), t); };
+  b->rows = rows;
+  b->inputs = alloc({1 + rows}, DType::i32);
+  for (OwnedTensor* t : {&b->residual, &b->residual_mid, &b->norm1, &b->norm2, &b->attn, &b->final_norm})
+    *t = alloc({rows, C}, act);
+  for (OwnedTensor* t : {&b->rstd1, &b->rstd2, &b->final_rstd}) *t = alloc({rows}, stat);
+  b->qkv = alloc({rows, 3 * C}, act);
+  b->fc_pre = alloc({rows, 4 * C}, act);
+  b->fc_act = alloc({rows, 4 * C}, act);
+  b->logits_copied = backend_.make_fence();
+  cache.buffers_ = std::move(b);
+}
+
+// Logits for `rows` rows: a sequence's last row each, or every new row (all_rows), not the
+// prompt's B·P rows × vocabulary that a prefill would otherwise hold.
+void Model::reserve_decode_logits(KvCache& cache, std::int64_t rows) {
+  KvCache::Buffers& b = *cache.buffers_;
+  if (!b.logits.tensor.empty() && b.logits.tensor.shape[0] >= rows) return;
+  b.step.reset();  // it holds the old address
+  b.warm = false;
+  b.logits = allocate_tensor(backend_, {rows, config_.padded_vocab_size},
+                             forward_only_logits_dtype(backend_.dtypes().activation));
+  b.host_logits = backend_.allocate_host(std::size_t(b.logits.tensor.nbytes()));
+}
+
+// Queues a decode call of n new rows per sequence at the cache's current length: the layers over
+// the new rows, then the logits of `out_rows` rows (every new row, or each sequence's last).
+void Model::queue_decode(KvCache& cache, int n, bool all_rows) {
+  KvCache::Buffers& b = *cache.buffers_;
+  const int B = cache.batch();
+  const std::int64_t N = std::int64_t(B) * n;
+  auto rows = [&](const OwnedTensor& t) { return t.tensor.rows(0, N); };
+  Backend& be = backend_;
+  const AttentionShape shape{B, n, config_.n_head, config_.head_dim()};
+  const PositionContext pctx{n, config_.context_length, config_.n_head, config_.head_dim(), cache.length()};
+  const Tensor past = b.inputs.tensor.rows(0, 1), tokens = b.inputs.tensor.rows(1, 1 + N);
+
+  be.embedding_forward(rows(b.residual), tokens, weight(wte_));
+  for (int l = 0; l < config_.n_layer; ++l) {
+    const LayerTensors t{rows(b.residual), rows(b.norm1),  rows(b.rstd1),  rows(b.qkv),
+                         rows(b.attn),     rows(b.residual_mid), rows(b.norm2), rows(b.rstd2),
+                         rows(b.fc_pre),   rows(b.fc_act), rows(b.residual)};
+    const KvCacheLayer layer{cache.keys_[std::size_t(l)].tensor, cache.values_[std::size_t(l)].tensor,
+                             cache.raw_keys_.empty() ? Tensor{} : cache.raw_keys_[std::size_t(l)].tensor};
+    layer_forward(l, t, /*recompute=*/false, [&](const LayerTensors& layer_tensors, std::span<const Tensor> pparams) {
+      be.attention_decode(AttentionDecode{shape, position_.get(), pctx, past, layer_tensors.qkv, layer_tensors.attn,
+                                          pparams, layer});
+    });
+  }
+  be.rmsnorm_forward(rows(b.final_norm), rows(b.final_rstd), rows(b.residual), weight(final_norm_), config_.norm_eps);
+  if (all_rows || n == 1) {
+    be.matmul(b.logits.tensor.rows(0, all_rows ? N : B), rows(b.final_norm), weight(wte_), false, true);
+  } else {
+    for (int s = 0; s < B; ++s) {
+      const std::int64_t last = std::int64_t(s) * n + n - 1;
+      be.matmul(b.logits.tensor.rows(s, s + 1), b.final_norm.tensor.rows(last, last + 1), weight(wte_), false, true);
+    }
+  }
+}
+
 std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> tokens, int n, bool all_rows) {
   const int B = cache.batch();
   if (n <= 0 || tokens.size() != std::size_t(B) * std::size_t(n))
@@ -57,63 +131,54 @@ std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> t
     throw std::invalid_argument("decode: the cache was made for another model");
   check_tokens(tokens, {}, config_.vocab_size);
 
-  const std::int64_t N = std::int64_t(B) * n, C = config_.n_embd;
-  if (!cache.buffers_ || cache.buffers_->rows < N) {
-    cache.buffers_.reset();
-    auto b = std::make_unique<KvCache::Buffers>();
-    const DType act = backend_.dtypes().activation, stat = backend_.dtypes().statistic;
-    auto alloc = [&](Shape s, DType t) { return allocate_tensor(backend_, std::move(s), t); };
-    b->rows = N;
-    b->tokens = alloc({N}, DType::i32);
-    for (OwnedTensor* t : {&b->residual, &b->residual_mid, &b->norm1, &b->norm2, &b->attn, &b->final_norm})
-      *t = alloc({N, C}, act);
-    for (OwnedTensor* t : {&b->rstd1, &b->rstd2, &b->final_rstd}) *t = alloc({N}, stat);
-    b->qkv = alloc({N, 3 * C}, act);
-    b->fc_pre = alloc({N, 4 * C}, act);
-    b->fc_act = alloc({N, 4 * C}, act);
-    b->logits = alloc({all_rows ? N : B, config_.padded_vocab_size}, forward_only_logits_dtype(act));
-    cache.buffers_ = std::move(b);
-  }
+  const std::int64_t N = std::int64_t(B) * n;
+  const std::int64_t out_rows = all_rows ? N : B;
+  reserve_decode(cache, N);
+  reserve_decode_logits(cache, out_rows);
   KvCache::Buffers& b = *cache.buffers_;
-  auto rows = [&](const OwnedTensor& t) { return t.tensor.rows(0, N); };
   Backend& be = backend_;
-  const AttentionShape shape{B, n, config_.n_head, config_.head_dim()};
-  const PositionContext pctx{n, config_.context_length, config_.n_head, config_.head_dim(), cache.length()};
+  std::vector<std::int32_t> inputs(std::size_t(1 + N));
+  inputs[0] = cache.length();
+  std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
+  be.copy_from_host(b.inputs.tensor.rows(0, 1 + N), inputs.data());
 
-  be.copy_from_host(rows(b.tokens), tokens.data());
-  be.embedding_forward(rows(b.residual), rows(b.tokens), weight(wte_));
-  for (int l = 0; l < config_.n_layer; ++l) {
-    const LayerTensors t{rows(b.residual), rows(b.norm1),  rows(b.rstd1),  rows(b.qkv),
-                         rows(b.attn),     rows(b.residual_mid), rows(b.norm2), rows(b.rstd2),
-                         rows(b.fc_pre),   rows(b.fc_act), rows(b.residual)};
-    const KvCacheLayer layer{cache.keys_[std::size_t(l)].tensor, cache.values_[std::size_t(l)].tensor,
-                             cache.raw_keys_.empty() ? Tensor{} : cache.raw_keys_[std::size_t(l)].tensor};
-    layer_forward(l, t, /*recompute=*/false, [&](const LayerTensors& layer_tensors, std::span<const Tensor> pparams) {
-      be.attention_decode(
-          AttentionDecode{shape, position_.get(), pctx, layer_tensors.qkv, layer_tensors.attn, pparams, layer});
-    });
+  // A one-token step runs eagerly once (it reserves the scratch it needs), is then recorded and
+  // replayed at every later position while the backend's scratch stays as recorded.
+  const bool step = n == 1 && !all_rows && cache.record_steps_ && be.supports_graphs();
+  const std::uint64_t scratch = be.scratch_generation();
+  if (step && b.step && b.step_scratch == scratch) {
+    b.step->replay();
+  } else if (step && b.warm && b.warm_scratch == scratch) {
+    b.step = be.make_graph_capture();
+    b.step->begin();
+    queue_decode(cache, n, all_rows);  // on an exception, the capture's destructor ends the recording
+    b.step->end();
+    b.step_scratch = be.scratch_generation();
+    b.step->replay();
+  } else {
+    b.step.reset();
+    queue_decode(cache, n, all_rows);
+    b.warm = step;
+    b.warm_scratch = be.scratch_generation();
   }
-  be.rmsnorm_forward(rows(b.final_norm), rows(b.final_rstd), rows(b.residual), weight(final_norm_), config_.norm_eps);
   cache.length_ += n;
 
   // Logits of every new row, or of each sequence's last one (row b·n + n − 1).
-  const std::int64_t out_rows = all_rows ? N : B;
-  if (b.logits.tensor.shape[0] < out_rows) b.logits = allocate_tensor(be, {out_rows, config_.padded_vocab_size},
-                                                                      forward_only_logits_dtype(be.dtypes().activation));
   const Tensor logits = b.logits.tensor.rows(0, out_rows);
-  if (all_rows || n == 1) {
-    be.matmul(logits, rows(b.final_norm), weight(wte_), false, true);
-  } else {
-    for (int s = 0; s < B; ++s) {
-      const std::int64_t last = std::int64_t(s) * n + n - 1;
-      be.matmul(logits.rows(s, s + 1), b.final_norm.tensor.rows(last, last + 1), weight(wte_), false, true);
-    }
-  }
-  const std::vector<float> padded = tensor_to_host_f32(be, logits);
   const std::size_t V = std::size_t(config_.vocab_size), Vp = std::size_t(config_.padded_vocab_size);
   std::vector<float> out(std::size_t(out_rows) * V);
-  for (std::int64_t r = 0; r < out_rows; ++r)
-    std::copy_n(padded.begin() + std::ptrdiff_t(std::size_t(r) * Vp), V, out.begin() + std::ptrdiff_t(std::size_t(r) * V));
+  auto trim = [&](const float* padded) {
+    for (std::int64_t r = 0; r < out_rows; ++r)
+      std::copy_n(padded + std::size_t(r) * Vp, V, out.begin() + std::ptrdiff_t(std::size_t(r) * V));
+  };
+  if (logits.dtype == DType::f32) {
+    be.copy_to_host_async(b.host_logits.get(), logits);
+    b.logits_copied->record();
+    b.logits_copied->wait();
+    trim(static_cast<const float*>(b.host_logits.get()));
+  } else {
+    trim(tensor_to_host_f32(be, logits).data());
+  }
   return out;
 }
 

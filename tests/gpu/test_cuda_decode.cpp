@@ -116,6 +116,37 @@ TEST_P(CudaDecode, GreedyDecodingRepeatsBitwise) {
   EXPECT_EQ(run(), first);
 }
 
+// Recorded one-token steps (a CUDA graph replayed at each position) give the eager steps' logits
+// bit for bit, also when the scratch they hold changes between steps (recorded again).
+TEST_P(CudaDecode, RecordedStepsEqualEagerStepsBitwise) {
+  const ModelConfig config = decode_model(GetParam());
+  auto gpu = make_backend(DeviceChoice::cuda);
+  Model model(config, *gpu);
+  model.initialize(31);
+  model.parameters_from_host(perturbed_weights(model, 37));
+  const int prompt = 9, steps = 30;
+  auto run = [&](bool record, bool disturb) {
+    auto cache = model.make_kv_cache(kBatch, prompt + steps);
+    cache->set_record_steps(record);
+    std::vector<std::int32_t> input(std::size_t(kBatch) * prompt);
+    for (std::size_t i = 0; i < input.size(); ++i) input[i] = std::int32_t(1 + i % 50);
+    std::vector<float> all = model.decode(*cache, input, prompt);
+    for (int s = 0; s < steps; ++s) {
+      if (disturb && s == steps / 2) {  // another cache's longer prefill grows the attention's scratch
+        auto other = model.make_kv_cache(kBatch, 60);
+        model.decode(*other, std::vector<std::int32_t>(std::size_t(kBatch) * 60, 3), 60);
+      }
+      const std::vector<std::int32_t> next{std::int32_t(2 + s % 7), std::int32_t(5 + s % 11)};
+      const std::vector<float> logits = model.decode(*cache, next, 1);
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    return all;
+  };
+  const std::vector<float> eager = run(false, false);
+  EXPECT_EQ(run(true, false), eager) << GetParam();
+  EXPECT_EQ(run(true, true), eager) << GetParam();
+}
+
 // Dynamic NTK encodes the cached keys again at every length, which only the CPU decode does.
 TEST(CudaDecodeRefusals, DynamicNtkIsRefusedNamingTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
