@@ -81,28 +81,31 @@ class Decoder(nn.Module):
 SIZES = {"124m": (12, 768, 12), "253m": (16, 1024, 16), "774m": (36, 1280, 20)}
 
 
-def bench(size, pos, B, P, N):
+def bench(size, pos, B, P, N, rounds=3):
     torch.manual_seed(0)
     L, C, H = SIZES[size]
     m = Decoder(L, C, H, pos, P + N, B).eval()
     prompt = torch.randint(0, 50257, (B, P), device="cuda")
     step = torch.compile(m, mode="reduce-overhead", fullgraph=True)
-    with torch.no_grad():
-        for _ in range(3):  # warm the compiled step (and its CUDA graph)
-            step(prompt[:, :1], torch.tensor([0], device="cuda"))
+
+    def generate():  # greedy: the prompt in one eager pass, then one compiled step per token
         torch.cuda.synchronize(); t0 = time.time()
-        logits = m(prompt, torch.arange(P, device="cuda"))
+        tok = m(prompt, torch.arange(P, device="cuda")).argmax(-1, keepdim=True)
         torch.cuda.synchronize(); t1 = time.time()
-        tok = logits.argmax(-1, keepdim=True)
-        pos_t = torch.tensor([P], device="cuda")
         for j in range(N):
-            logits = step(tok, pos_t)
-            tok = logits.argmax(-1, keepdim=True)
-            pos_t += 1
+            # Fresh step inputs of the warm-up's dtype, shape and strides, so that nothing recompiles.
+            tok = step(tok, torch.tensor([P + j], device="cuda")).argmax(-1, keepdim=True)
         torch.cuda.synchronize(); t2 = time.time()
+        return t1 - t0, t2 - t1
+
+    with torch.no_grad():
+        generate()  # compiles the step and records its CUDA graph; warms the eager prefill
+        times = sorted(generate() for _ in range(rounds))
+    prefill = sorted(t[0] for t in times)[rounds // 2]
+    decode = sorted(t[1] for t in times)[rounds // 2]
     print(json.dumps({"kind": "decode_anchor", "size": size, "pos": pos, "batch": B, "prompt": P, "new": N,
-                      "prefill_tok_s": round(B * P / (t1 - t0)), "decode_tok_s": round(B * N / (t2 - t1)),
-                      "decode_ms_per_step": round(1e3 * (t2 - t1) / N, 3)}), flush=True)
+                      "prefill_tok_s": round(B * P / prefill), "decode_tok_s": round(B * N / decode),
+                      "decode_ms_per_step": round(1e3 * decode / N, 3)}), flush=True)
 
 
 def check():  # CPU, fp32: decoding token by token equals one pass over the whole sequence
