@@ -82,7 +82,9 @@ for r in j["rows"]:
     cols = r["tasks"]
     assert list(cols) == ["lambada", "blimp", "cbt_cn", "cbt_ne", "hellaswag", "piqa", "arc_easy"] or \
         sorted(cols) == sorted(["lambada", "blimp", "cbt_cn", "cbt_ne", "hellaswag", "piqa", "arc_easy"]), cols
-    avg = sum(100 * c["metrics"]["acc"]["value"] for c in cols.values()) / 7
+    acc = {k: 100 * c["metrics"]["acc"]["value"] for k, c in cols.items()}
+    cbt = (acc.pop("cbt_cn") + acc.pop("cbt_ne")) / 2  # one of the paper's six tasks
+    avg = (sum(acc.values()) + cbt) / 6
     assert abs(avg - r["average"]) < 1e-9, (avg, r["average"])
 assert len(j["tasks"]["hellaswag"]) == 2
 PY
