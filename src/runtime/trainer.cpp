@@ -121,6 +121,11 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   if (!task && !config_.data.val.empty()) {
     val_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.val, config_.model.vocab_size));
     val_sampler_ = std::make_unique<SequentialWindowSampler>(*val_data_, config_.train.seq_len);
+    // Checked now: with train.eval_every = 0 only the final evaluation reads it, after every step has trained.
+    if (val_sampler_->window_count() == 0)
+      throw DataError(fmt::format("validation data {} holds no window of train.seq_len + 1 = {} tokens (windows "
+                                  "never cross files)",
+                                  config_.data.val, config_.train.seq_len + 1));
   }
 
   if (!backend_) backend_ = make_backend(config_.train.device, "float", config_.train.threads);
@@ -299,8 +304,6 @@ Trainer::Validation Trainer::compute_validation() {
   }
   if (!val_sampler_) throw ConfigError("data.val", "no validation data configured");
   const int B = config_.train.micro_batch_size, T = config_.train.seq_len;
-  if (val_sampler_->window_count() == 0)
-    throw DataError(fmt::format("validation data {} holds no window of {} tokens", config_.data.val, T + 1));
   std::vector<std::int32_t> inputs(std::size_t(B) * T), targets(inputs.size());
   // Windows spread evenly over the whole validation stream: the first eval_batches·B windows
   // would only see the beginning of the file, often one or two documents.
@@ -474,6 +477,12 @@ TrainingSummary Trainer::train_steps() {
     }
     state_.consecutive_nonfinite = 0;
 
+    // The checkpoint first: a log line, evaluation or sample that fails after it loses no step.
+    if (options_.write_checkpoints &&
+        ((tc.checkpoint_every > 0 && done.step % tc.checkpoint_every == 0) || done.step == last_step)) {
+      save();
+      last_saved_step = done.step;
+    }
     if (done.step % tc.log_every == 0 || done.step == 1 || done.step == tc.steps) {
       const double elapsed = seconds_since(window_start);
       const double tokens_per_second = window_steps * tokens_per_step / std::max(elapsed, 1e-9);
@@ -504,10 +513,6 @@ TrainingSummary Trainer::train_steps() {
       if (validation.score) summary.last_val_accuracy = validation.score->accuracy();
     }
     if (is_root() && tc.sample_every > 0 && done.step % tc.sample_every == 0) log_sample(done.step);
-    if (options_.write_checkpoints && tc.checkpoint_every > 0 && done.step % tc.checkpoint_every == 0) {
-      save();
-      last_saved_step = done.step;
-    }
   };
 
   std::optional<Enqueued> unread;  // a quiet step whose results have not been read yet

@@ -1,0 +1,53 @@
+// Work that must never be lost: inputs checked before the first step, the final checkpoint
+// written before anything that can still fail.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "pope/data.hpp"
+#include "pope/train.hpp"
+#include "scratch_dir.hpp"
+#include "trainer_fixture.hpp"
+
+using namespace pope;
+using pope::testing::thrown_message;
+
+namespace {
+
+using RunSafetyTest = pope::testing::TrainerRunTest;
+
+// The index of the first line of `file` holding `text`, or -1.
+long line_index(const std::filesystem::path& file, const std::string& text) {
+  std::ifstream in(file);
+  long index = 0;
+  for (std::string line; std::getline(in, line); ++index)
+    if (line.find(text) != std::string::npos) return index;
+  return -1;
+}
+
+}  // namespace
+
+// With train.eval_every = 0 only the final evaluation reads the validation data: a file too
+// short for one window is refused before the first step, not after the last.
+TEST_F(RunSafetyTest, ValidationDataTooShortForOneWindowIsRefusedAtStart) {
+  const auto short_val = dir_ / "data" / "short_val.bin";
+  write_llmc_shard(short_val, pope::testing::patterned_tokens(std::size_t(config_.train.seq_len), 64, 3));
+  config_.data.val = short_val.string();
+  const std::string message = thrown_message<DataError>([&] { Trainer(config_, options("run")); });
+  EXPECT_NE(message.find("short_val.bin"), std::string::npos) << message;
+  EXPECT_NE(message.find("train.seq_len + 1 = 33"), std::string::npos) << message;
+}
+
+// The last step's checkpoint is on disk before its evaluation starts.
+TEST_F(RunSafetyTest, TheFinalCheckpointPrecedesTheFinalEvaluation) {
+  config_.train.steps = 3;
+  Trainer(config_, options("run")).train();
+  const auto log = dir_ / "run" / "train.log";
+  const long checkpoint = line_index(log, "checkpoint " + (dir_ / "run" / "checkpoints" / "step_00000003").string());
+  const long evaluation = line_index(log, "step 3 | val loss");
+  ASSERT_GE(checkpoint, 0);
+  ASSERT_GE(evaluation, 0);
+  EXPECT_LT(checkpoint, evaluation);
+}
