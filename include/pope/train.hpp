@@ -1,6 +1,6 @@
 // The training loop: data (token files or the indirect-indexing task) → micro-batches with gradient accumulation → AdamW step, with
 // logging (console + metrics.jsonl), periodic validation and checkpoints, exact resume,
-// graceful stop on SIGINT/SIGTERM and a guard against non-finite losses. Data-parallel over
+// graceful stop on SIGINT/SIGTERM/SIGHUP and a guard against non-finite losses. Data-parallel over
 // a Communicator's ranks: each rank reads its part of every global batch, gradients are
 // summed over the ranks, and rank 0 alone logs, validates and writes the run directory.
 #pragma once

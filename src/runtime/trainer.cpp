@@ -1,5 +1,7 @@
 #include "pope/train.hpp"
 
+#include <signal.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/sinks/basic_file_sink.h>
@@ -45,6 +47,10 @@ void Trainer::request_stop(int signal_number) { g_stop_signal.store(signal_numbe
 void Trainer::install_signal_handlers() {
   std::signal(SIGINT, handle_stop_signal);
   std::signal(SIGTERM, handle_stop_signal);
+  // A closed terminal or a dropped ssh session stops the run as SIGTERM does, unless started
+  // under nohup (SIGHUP already ignored), which asks for the run to go on.
+  struct sigaction hangup {};
+  if (::sigaction(SIGHUP, nullptr, &hangup) == 0 && hangup.sa_handler != SIG_IGN) std::signal(SIGHUP, handle_stop_signal);
 }
 
 Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backend> backend,
@@ -538,10 +544,10 @@ TrainingSummary Trainer::train_steps() {
 
   // A rank stopped by another rank's signal reports SIGTERM.
   const int stop_signal = g_stop_signal.load() != 0 ? g_stop_signal.load() : stop_agreed ? SIGTERM : 0;
-  summary.reason = stop_signal == SIGINT        ? StopReason::interrupted
-                   : stop_signal == SIGTERM     ? StopReason::terminated
-                   : state_.step < tc.steps     ? StopReason::stop_at_step
-                                                : StopReason::finished;
+  summary.reason = stop_signal == SIGINT                            ? StopReason::interrupted
+                   : stop_signal == SIGTERM || stop_signal == SIGHUP ? StopReason::terminated
+                   : state_.step < tc.steps                         ? StopReason::stop_at_step
+                                                                    : StopReason::finished;
   if (options_.write_checkpoints && state_.step != last_saved_step && state_.consecutive_nonfinite == 0) save();
   summary.steps_done = state_.step;
   summary.last_checkpoint = last_checkpoint_;

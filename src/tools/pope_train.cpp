@@ -2,7 +2,7 @@
 // process or data-parallel over GPUs (mpirun, torchrun-style or Slurm launch; see README).
 // Exit codes: 0 finished, 1 runtime/data/checkpoint/communication error, 2 usage, config or
 // launch-environment error, 3 aborted after repeated non-finite steps, 130/143 stopped by
-// SIGINT/SIGTERM (checkpointed).
+// SIGINT/SIGTERM (SIGHUP: 143; checkpointed).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
              "POPE_RENDEZVOUS=file:PATH; POPE_NCCL_TIMEOUT_S (default 300) bounds every wait for other ranks.\n"
              "Exit codes: 0 done (or --stop-at reached), 1 data/checkpoint/runtime/communication error, 2 usage,\n"
              "config or launch-environment error, 3 aborted after train.max_nonfinite_steps non-finite steps,\n"
-             "130/143 stopped by SIGINT/SIGTERM (the step finishes and a checkpoint is written; continue with\n"
-             "--resume auto).");
+             "130/143 stopped by SIGINT/SIGTERM (SIGHUP: 143, unless ignored by nohup; the step finishes and a\n"
+             "checkpoint is written; continue with --resume auto).");
   std::string config_path, out_dir, resume, device, init_from;
   std::vector<std::string> overrides;
   bool dry_run = false, quiet = false, no_checkpoints = false;

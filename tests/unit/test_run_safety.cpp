@@ -1,7 +1,8 @@
 // Work that must never be lost: inputs checked before the first step, the final checkpoint
-// written before anything that can still fail.
+// written before anything that can still fail, SIGHUP stopping like SIGTERM.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -50,4 +51,13 @@ TEST_F(RunSafetyTest, TheFinalCheckpointPrecedesTheFinalEvaluation) {
   ASSERT_GE(checkpoint, 0);
   ASSERT_GE(evaluation, 0);
   EXPECT_LT(checkpoint, evaluation);
+}
+
+// SIGHUP (a closed terminal, a dropped ssh session) stops the run as SIGTERM does.
+TEST_F(RunSafetyTest, HangupStopsLikeTerminateWithACheckpoint) {
+  Trainer trainer(config_, options("run"));
+  Trainer::request_stop(SIGHUP);
+  const TrainingSummary summary = trainer.train();
+  EXPECT_EQ(summary.reason, StopReason::terminated);
+  EXPECT_EQ(latest_checkpoint(dir_ / "run"), summary.last_checkpoint);
 }
