@@ -19,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "data/dataset_marker.hpp"
 #include "data/pretokenizer.hpp"
 #include "data/shard_writer.hpp"
 #include "pope/corpus.hpp"
@@ -128,19 +129,38 @@ bool is_output_name(const std::string& name) {
   return false;
 }
 
-// Existing outputs of an earlier run would mix with the new ones: an error, or removed with overwrite.
+// ".<output>.XXXXXX": write_bytes_atomic's temporary file, left behind when a run was killed mid-write.
+bool is_temp_name(const std::string& name, bool per_document) {
+  constexpr std::size_t kSuffix = 7;  // ".XXXXXX" of mkstemp
+  if (name.size() <= 1 + kSuffix || name.front() != '.' || name[name.size() - kSuffix] != '.') return false;
+  const std::string output = name.substr(1, name.size() - 1 - kSuffix);
+  return per_document ? output.ends_with(".bin") : is_output_name(output);
+}
+
+// Existing outputs of an earlier run (or what a stopped run left: shards, temporary files, the
+// incomplete marker) would mix with the new ones: an error, or removed with overwrite. The
+// marker goes in first, so that from here until tokenize_corpus ends readers refuse the directory.
 void prepare_out_dir(const TokenizeOptions& options) {
   std::error_code ec;
   fs::create_directories(options.out_dir, ec);
   if (ec) throw DataError(options.out_dir.string() + ": cannot create the output directory: " + ec.message());
-  if (options.per_document) return;  // per-document names are checked as they are written
+  std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(options.out_dir)) {
-    if (!is_output_name(entry.path().filename().string())) continue;
-    if (!options.overwrite)
-      throw DataError(entry.path().string() + " already exists; pass --overwrite to replace this directory's "
-                      "token files");
-    fs::remove(entry.path());
+    const std::string name = entry.path().filename().string();
+    // per-document names are checked as they are written
+    if (name == kIncompleteMarkerName || is_temp_name(name, options.per_document) ||
+        (!options.per_document && is_output_name(name)))
+      stale.push_back(entry.path());
   }
+  if (!stale.empty() && !options.overwrite) {
+    const bool stopped = fs::exists(options.out_dir / kIncompleteMarkerName);
+    throw DataError(stale.front().string() + " already exists" +
+                    (stopped ? " (an earlier pope-data tokenize into this directory did not finish)" : "") +
+                    "; pass --overwrite to replace this directory's token files");
+  }
+  mark_dataset_incomplete(options.out_dir);
+  for (const auto& path : stale)
+    if (path.filename() != kIncompleteMarkerName) fs::remove(path);
 }
 
 // out_dir/<file name without its last extension>.bin for a per-document run.
@@ -283,6 +303,7 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
     summary.files = train.files();
     summary.files.insert(summary.files.end(), val.files().begin(), val.files().end());
   }
+  mark_dataset_complete(options.out_dir);
   summary.seconds = elapsed();
   summary.cpu_seconds = double(std::clock() - cpu_start) / CLOCKS_PER_SEC;
   return summary;

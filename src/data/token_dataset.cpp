@@ -8,6 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "data/dataset_marker.hpp"
 #include "pope/data.hpp"
 
 namespace pope {
@@ -54,16 +55,21 @@ TokenDataset TokenDataset::open(const std::string& spec, int vocab_size) {
   std::vector<std::filesystem::path> paths;
   const std::filesystem::path path(spec);
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
+  if (std::filesystem::is_directory(path, ec)) {
+    check_dataset_complete(path);  // before listing: a run stopped before its first shard leaves none
     paths = bin_files_in(path);
-  else if (!std::filesystem::exists(path, ec) && has_glob_characters(spec))
+  } else if (!std::filesystem::exists(path, ec) && has_glob_characters(spec)) {
     paths = glob_matches(spec);
-  else
+  } else {
     paths = {path};  // a missing plain path gets TokenFile's "does not exist"
+  }
 
   TokenDataset dataset;
   dataset.files_.reserve(paths.size());
-  for (const auto& p : paths) dataset.files_.push_back(TokenFile::open(p, vocab_size));
+  for (const auto& p : paths) {
+    check_dataset_complete(p.parent_path().empty() ? "." : p.parent_path());
+    dataset.files_.push_back(TokenFile::open(p, vocab_size));
+  }
   return dataset;
 }
 

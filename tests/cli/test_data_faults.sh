@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Faults around token data: `pope-data tokenize` killed midway (the partial set is marked
+# incomplete, readers refuse it, --overwrite cleans what it left), damaged headers, and
+# non-regular files where a token file is expected.
+source "$(dirname "$0")/cli_common.sh"
+DATA="$POPE_BIN/pope-data"
+TRAIN="$POPE_BIN/pope-train"
+[ -x "$DATA" ] && [ -x "$TRAIN" ] || { echo "SKIP: pope-data or pope-train not built"; exit 77; }
+[ -f "$POPE_SOURCE_DIR/data/tokenizer/encoder.json" ] ||
+  { echo "SKIP: tokenizer files missing: run scripts/fetch_tokenizer.sh"; exit 77; }
+export POPE_TOKENIZER_DIR="$POPE_SOURCE_DIR/data/tokenizer"
+"$DATA" encode x >/dev/null 2>&1 || { echo "SKIP: pope-data cannot tokenize in this build"; exit 77; }
+
+# train_on SPEC: a one-step run on the GPT-2 vocabulary that reads SPEC as its training data.
+cat >"$SCRATCH/gpt2.json" <<JSON
+{
+  "model": {"vocab_size": 50257, "padded_vocab_size": 50304, "n_layer": 1, "n_head": 2, "n_embd": 16,
+            "context_length": 16, "position": {"kind": "rope"}},
+  "train": {"steps": 1, "batch_size": 2, "micro_batch_size": 2, "seq_len": 16, "eval_every": 0,
+            "threads": 1, "device": "cpu"}
+}
+JSON
+train_on() {
+  rm -rf "$SCRATCH/run"
+  "$TRAIN" --config "$SCRATCH/gpt2.json" --set data.train="$1" --set data.val="$1" --out "$SCRATCH/run" --no-checkpoints
+}
+
+# --- tokenize killed midway: the first batch's shards are on disk, the second batch is not ---
+mkdir "$SCRATCH/text"
+head -c 13M /dev/urandom | base64 >"$SCRATCH/text/a.txt"  # > 16 MB: a batch of its own
+head -c 9M /dev/urandom | base64 >"$SCRATCH/text/b.txt"
+out="$SCRATCH/tokens"
+"$DATA" tokenize -i "$SCRATCH/text" -o "$out" --val-fraction 0 --shard-tokens 100000 -j 1 -q &
+pid=$!
+for _ in $(seq 1 3000); do [ -e "$out/train_000000.bin" ] && break; sleep 0.02; done
+kill -9 "$pid" 2>/dev/null || fail "pope-data tokenize finished before it could be killed"
+wait "$pid" 2>/dev/null || true
+[ -e "$out/train_000000.bin" ] || fail "no shard was written before the kill"
+[ -e "$out/tokenize.incomplete" ] || fail "the killed run left no incomplete marker: $(ls -a "$out")"
+for spec in "$out" "$out/train_000000.bin" "$out/train_*.bin"; do
+  expect_exit 1 train_on "$spec"
+  expect_output "is incomplete: \"$out/tokenize.incomplete\" exists"
+  expect_output "run pope-data tokenize again with --overwrite"
+done
+
+# Without --overwrite the leftovers are refused; with it, shards, temporary files and the marker go.
+expect_exit 1 "$DATA" tokenize -i "$SCRATCH/text/b.txt" -o "$out" --val-fraction 0 --shard-tokens 0 -q
+expect_output "did not finish"
+printf 'torn' >"$out/.train_000007.bin.Ab12Cd"
+printf 'keep' >"$out/notes.txt"
+printf 'hello world' >"$SCRATCH/small.txt"
+"$DATA" tokenize -i "$SCRATCH/small.txt" -o "$out" --val-fraction 0 --shard-tokens 0 --overwrite -q
+[ "$(ls -A "$out" | sort | tr '\n' ' ')" = "notes.txt train.bin " ] || fail "--overwrite left: $(ls -A "$out")"
+expect_exit 1 train_on "$out/train.bin"  # complete now: refused only for being shorter than one window
+expect_output "train.bin"
+grep -q "incomplete" "$SCRATCH/out" && fail "a complete dataset was called incomplete: $(cat "$SCRATCH/out")"
+
+echo "PASS"
