@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "config/bounded_json.hpp"
 #include "pope/config.hpp"
 
 namespace pope {
@@ -92,10 +93,10 @@ nlohmann::json parse_config_text(const std::string& text, const fs::path& file) 
     return true;
   };
   try {
-    return nlohmann::json::parse(text, check_keys);
+    return parse_json(text, check_keys);
   } catch (const nlohmann::json::exception& error) {
-    // nlohmann's message names the line and column of a syntax error, or the number that
-    // overflows a double (1e400).
+    // nlohmann's message names the line and column of a syntax error, of nesting past
+    // kMaxJsonDepth, or the number that overflows a double (1e400).
     throw ConfigError(file.string(), fmt::format("invalid JSON: {}", error.what()));
   }
 }

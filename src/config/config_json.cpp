@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "config/bounded_json.hpp"
 #include "config/config_schema.hpp"
 #include "pope/config.hpp"
 
@@ -154,9 +155,14 @@ void apply_override(json& json_config, const std::string& assignment) {
     section = &child;
     start = dot + 1;
   }
+  // Too deep is refused here: as a plain string it would be reported as a wrong type.
+  if (excess_json_nesting(text))
+    throw ConfigError(path, fmt::format("expected a --set value nested at most {} levels deep, found deeper arrays "
+                                        "or objects",
+                                        kMaxJsonDepth));
   // Values are JSON when they parse as JSON (numbers, booleans, "quoted", arrays), otherwise
   // plain strings, so that model.position.kind=rope needs no quotes.
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json value = parse_json(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) {
     // A number too large for a double fails to parse too; it is not meant as a string.
     char* end = nullptr;

@@ -478,6 +478,22 @@ TEST(Config, LoadConfigAppliesOverridesAndReportsFileErrors) {
   EXPECT_EQ(load_config("apart.json").data.train, "x.bin");
 }
 
+// 100,000 nested arrays segfaulted where the value was quoted in the type error; a config
+// nests 4 levels, so anything past kMaxJsonDepth is refused before it is parsed.
+TEST(Config, DeeplyNestedValuesAreRefusedNamingFileOrKey) {
+  ScratchDirectory scratch;
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  scratch.write("deep.json", R"({"model": {"n_head": )" + deep + "}}");
+  expect_config_error([] { load_config("deep.json"); }, "deep.json",
+                      {"invalid JSON", "nested deeper than 64 levels", "line 1"});
+  json config = json::object();
+  expect_config_error([&] { apply_override(config, "model.n_head=" + deep); }, "model.n_head",
+                      {"nested at most 64 levels deep"});
+  // Up to the bound a value is parsed and refused as the wrong type, quoted shortened.
+  apply_override(config, "model.n_head=" + std::string(64, '[') + std::string(64, ']'));
+  expect_json_error(config, "model.n_head", {"expected an integer", "(an array)"});
+}
+
 TEST(Config, BareNamesResolveToConfigsDirectories) {
   ScratchDirectory scratch;
   scratch.write("configs/mine.json", "{}");

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Hostile and careless config input to every tool that reads a config: each is refused with
+# exit 2 and a message naming the file or the key, never a crash or a raw library error.
+source "$(dirname "$0")/cli_common.sh"
+TRAIN="$POPE_BIN/pope-train"
+BENCH="$POPE_BIN/pope-bench"
+[ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
+
+# Deep nesting (once a segfault wherever the value was quoted): refused naming the file or the key.
+# 60,000 levels keep a --set value under the kernel's 128 KiB limit of one argument.
+deep="$(python3 -c 'print("[" * 60000 + "]" * 60000)')"
+printf '{"model": {"n_head": %s}}' "$deep" >"$SCRATCH/deep.json"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/deep.json" --dry-run
+expect_output "deep.json: invalid JSON"
+expect_output "nested deeper than 64 levels"
+expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set "model.n_head=$deep"
+expect_output "model.n_head: expected a --set value nested at most 64 levels deep"
+expect_exit 2 "$BENCH" train --config "$SCRATCH/deep.json" --device cpu
+expect_output "deep.json: invalid JSON"
+
+echo "PASS"
