@@ -128,10 +128,16 @@ fs::path resolve_config_path(const fs::path& path) {
 
 RunConfig load_config(const fs::path& path, const std::vector<std::string>& overrides) {
   const fs::path file = resolve_config_path(path);
-  nlohmann::json json_config = parse_config_text(read_file(file), file);
-  for (const std::string& assignment : overrides) apply_override(json_config, assignment);
   const std::string source = overrides.empty() ? file.string() : file.string() + " with --set overrides";
-  return config_from_json(json_config, source);
+  try {
+    nlohmann::json json_config = parse_config_text(read_file(file), file);
+    for (const std::string& assignment : overrides) apply_override(json_config, assignment);
+    return config_from_json(json_config, source);
+  } catch (const nlohmann::json::exception& error) {
+    // Every known case is a ConfigError naming its key; this keeps any other from reaching
+    // the user as a library message that names no file.
+    throw ConfigError(source, fmt::format("unexpected JSON error: {}", error.what()));
+  }
 }
 
 }  // namespace pope

@@ -45,13 +45,51 @@ template <class Integer> Integer parse_integer(const json& value, const std::str
        source);
 }
 
+// The offset of the first byte that does not continue valid UTF-8 (overlong forms and surrogates
+// are invalid too), or nothing.
+std::optional<std::size_t> invalid_utf8_at(const std::string& text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char lead = text[i];
+    // Continuation bytes after each lead, and the range of the first one (the rest are 80..BF).
+    int more = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (lead < 0x80) more = 0;
+    else if (lead >= 0xC2 && lead <= 0xDF) more = 1;
+    else if (lead == 0xE0) more = 2, low = 0xA0;
+    else if (lead == 0xED) more = 2, high = 0x9F;
+    else if (lead >= 0xE1 && lead <= 0xEF) more = 2;
+    else if (lead == 0xF0) more = 3, low = 0x90;
+    else if (lead >= 0xF1 && lead <= 0xF3) more = 3;
+    else if (lead == 0xF4) more = 3, high = 0x8F;
+    else return i;
+    for (int k = 1; k <= more; ++k, low = 0x80, high = 0xBF) {
+      if (i + k >= text.size()) return i + k;
+      const unsigned char next = text[i + k];
+      if (next < low || next > high) return i + k;
+    }
+    i += more + 1;
+  }
+  return std::nullopt;
+}
+
 template <class T> T parse_value(const json& value, const std::string& path, const std::string& source) {
   if constexpr (std::is_same_v<T, bool>) {
     if (!value.is_boolean()) fail(path, "expected true or false, found " + describe(value), source);
     return value.get<bool>();
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!value.is_string()) fail(path, "expected a string, found " + describe(value), source);
-    return value.get<std::string>();
+    // A --set value is taken as given; the resolved config and its hash are JSON, i.e. UTF-8.
+    const std::string& text = value.get_ref<const std::string&>();
+    if (const std::optional<std::size_t> at = invalid_utf8_at(text)) {
+      fail(path,
+           *at == text.size() ? std::string("expected UTF-8 text, found text that ends inside a multi-byte character")
+                              : fmt::format("expected UTF-8 text, found the byte 0x{:02X} at offset {}, which is not "
+                                            "valid UTF-8 there",
+                                            static_cast<unsigned char>(text[*at]), *at),
+           source);
+    }
+    return text;
   } else if constexpr (NamedEnum<T>) {
     if (!value.is_string()) fail(path, "expected a string, found " + describe(value), source);
     const std::string name = value.get<std::string>();

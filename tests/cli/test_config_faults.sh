@@ -18,4 +18,8 @@ expect_output "model.n_head: expected a --set value nested at most 64 levels dee
 expect_exit 2 "$BENCH" train --config "$SCRATCH/deep.json" --device cpu
 expect_output "deep.json: invalid JSON"
 
+# Bytes that are not UTF-8 in a --set path: a config error naming the key, not a json type error.
+expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set "data.train=$(printf 'data/\xff\xfe.bin')"
+expect_output "data.train: expected UTF-8 text, found the byte 0xFF at offset 5"
+
 echo "PASS"

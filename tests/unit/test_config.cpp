@@ -450,6 +450,27 @@ TEST(Config, BadOverridesAreRejected) {
                       {"1e400 is outside the range of a double"});
 }
 
+// A path given through --set is taken as it is; bytes that are not UTF-8 were found only when
+// the resolved config was dumped, as a json type error naming neither the key nor the file.
+TEST(Config, StringsThatAreNotUtf8AreRefusedNamingTheKey) {
+  const auto with_train = [](const std::string& value) {
+    json config = json::object();
+    apply_override(config, "data.train=" + value);
+    return config;
+  };
+  expect_json_error(with_train("\xff\xfe.bin"), "data.train", {"expected UTF-8 text", "0xFF at offset 0", "test.json"});
+  expect_json_error(with_train("runs/\xc0\xaf"), "data.train", {"0xC0 at offset 5"});  // overlong '/'
+  expect_json_error(with_train("\xed\xa0\x80"), "data.train", {"0xA0 at offset 1"});  // a surrogate
+  expect_json_error(with_train("caf\xc3"), "data.train", {"ends inside a multi-byte character"});
+  const RunConfig accepted = config_from_json(with_train("d\xc3\xa9j\xc3\xa0/\xe6\x97\xa5/\xf0\x9f\x98\x80.bin"));
+  EXPECT_EQ(accepted.data.train, "d\xc3\xa9j\xc3\xa0/\xe6\x97\xa5/\xf0\x9f\x98\x80.bin");
+  EXPECT_NO_THROW((void)config_to_json(accepted).dump());
+  ScratchDirectory scratch;
+  scratch.write("run.json", "{}");
+  expect_config_error([] { load_config("run.json", {"out_dir=\xff"}); }, "out_dir",
+                      {"expected UTF-8 text", "run.json with --set overrides"});
+}
+
 TEST(Config, LoadConfigAppliesOverridesAndReportsFileErrors) {
   ScratchDirectory scratch;
   scratch.write("run.json", R"({"model": {"n_layer": 2}, "train": {"steps": 7}})");
