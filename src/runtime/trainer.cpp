@@ -94,6 +94,15 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
     throw ConfigError("--out", fmt::format("run directory {} already holds checkpoint {}; continue it with "
                                            "--resume auto or choose another --out",
                                            run_dir_.string(), existing->filename().string()));
+  } else {
+    // A run that wrote no checkpoint yet still has a record a new run would append to or overwrite.
+    for (const char* record : {"metrics.jsonl", "config.json"}) {
+      std::error_code ec;
+      if (std::filesystem::exists(std::filesystem::symlink_status(run_dir_ / record, ec)))
+        throw ConfigError("--out", fmt::format("run directory {} already holds another run's {}; continue that run "
+                                               "with --resume auto or choose another --out",
+                                               run_dir_.string(), record));
+    }
   }
 
   // Rank 0 writes the run log; the other ranks print warnings and errors only, tagged with

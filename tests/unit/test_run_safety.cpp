@@ -1,5 +1,6 @@
 // Work that must never be lost: inputs checked before the first step, the final checkpoint
-// written before anything that can still fail, SIGHUP stopping like SIGTERM.
+// written before anything that can still fail, SIGHUP stopping like SIGTERM, another run's
+// records left alone.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -60,4 +61,19 @@ TEST_F(RunSafetyTest, HangupStopsLikeTerminateWithACheckpoint) {
   const TrainingSummary summary = trainer.train();
   EXPECT_EQ(summary.reason, StopReason::terminated);
   EXPECT_EQ(latest_checkpoint(dir_ / "run"), summary.last_checkpoint);
+}
+
+// A run that stopped before its first checkpoint still owns its metrics.jsonl and config.json:
+// a new run there is refused, naming the file, and --resume auto continues it.
+TEST_F(RunSafetyTest, ANewRunRefusesAnotherRunsRecords) {
+  for (const std::string record : {"metrics.jsonl", "config.json"}) {
+    const auto run = dir_ / ("run_" + record);
+    std::filesystem::create_directories(run);
+    std::ofstream(run / record) << "{}\n";
+    const std::string message =
+        thrown_message<ConfigError>([&] { Trainer(config_, options("run_" + record)); });
+    EXPECT_NE(message.find("another run's " + record), std::string::npos) << message;
+    EXPECT_NE(message.find("--resume auto"), std::string::npos) << message;
+    EXPECT_EQ(Trainer(config_, options("run_" + record, "auto")).step(), 0);
+  }
 }
