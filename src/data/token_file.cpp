@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/std.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -61,19 +62,45 @@ bool starts_with_llmc_magic(const std::byte* bytes, std::size_t size) {
   return first == kLlmcMagic;
 }
 
+// A file without the magic whose first 1024 bytes are still mostly an llm.c header (the reserved
+// words nearly all zero, or version and count matching the size) is a shard whose magic was
+// damaged; no text gives that as tokens (hundreds of id 0 in a row), so it is never nanoGPT data.
+void reject_damaged_llmc_header(const std::filesystem::path& path, const std::byte* bytes, std::size_t size) {
+  if (size < kLlmcHeaderBytes) return;
+  std::array<std::int32_t, kLlmcHeaderInts> header{};
+  std::memcpy(header.data(), bytes, sizeof header);
+  const auto zeros = std::count(header.begin() + 3, header.end(), 0);
+  constexpr std::ptrdiff_t kMostReserved = (kLlmcHeaderInts - 3) * 9 / 10;
+  const bool size_matches = header[1] == kLlmcVersion && header[2] > 0 &&
+                            kLlmcHeaderBytes + static_cast<std::size_t>(header[2]) * sizeof(std::uint16_t) == size;
+  if (zeros < kMostReserved && !size_matches) return;
+  throw DataError(fmt::format("token file {} has a damaged llm.c header: its first int32 is {}, not the magic {}, but "
+                              "its first {} bytes are otherwise an llm.c header ({}); it is not read as headerless "
+                              "tokens, re-create it",
+                              path, header[0], kLlmcMagic, kLlmcHeaderBytes,
+                              size_matches ? fmt::format("version {}, {} tokens as its size implies", header[1], header[2])
+                                           : fmt::format("{} of the {} reserved int32 are 0", zeros,
+                                                         kLlmcHeaderInts - 3)));
+}
+
 // Validates the llm.c header and returns the token count it declares.
 std::size_t llmc_token_count(const std::filesystem::path& path, const std::byte* bytes, std::size_t size) {
   if (size < kLlmcHeaderBytes)
     throw DataError(fmt::format("token file {} starts with the llm.c magic {} but has only {} bytes, less than the "
                                 "{}-byte header (truncated?)",
                                 path, kLlmcMagic, size, kLlmcHeaderBytes));
-  std::array<std::int32_t, 3> header{};  // magic, version, token count
+  std::array<std::int32_t, kLlmcHeaderInts> header{};  // magic, version, token count, reserved
   std::memcpy(header.data(), bytes, sizeof header);
   if (header[1] != kLlmcVersion)
     throw DataError(fmt::format("llm.c token file {} has version {}, expected {}", path, header[1], kLlmcVersion));
   if (header[2] <= 0)
     throw DataError(fmt::format("llm.c token file {} declares {} tokens in its header, expected a positive count", path,
                                 header[2]));
+  for (std::size_t i = 3; i < kLlmcHeaderInts; ++i)
+    if (header[i] != 0)
+      throw DataError(fmt::format("llm.c token file {} has a damaged header: int32 [{}] is {}, expected 0 (int32 "
+                                  "[3..255] are reserved)",
+                                  path, i, header[i]));
   const auto count = static_cast<std::size_t>(header[2]);
   const std::size_t expected = kLlmcHeaderBytes + count * sizeof(std::uint16_t);
   if (size != expected)
@@ -114,6 +141,7 @@ TokenFile TokenFile::open(const std::filesystem::path& path, int vocab_size) {
     count = llmc_token_count(path, bytes, size);
   } else {
     file.format_ = TokenFileFormat::nanogpt;
+    reject_damaged_llmc_header(path, bytes, size);
     if (size % sizeof(std::uint16_t) != 0)
       throw DataError(fmt::format("nanoGPT token file {} has an odd size of {} bytes, expected 2 bytes per token "
                                   "(truncated?)",

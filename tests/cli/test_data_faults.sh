@@ -55,4 +55,12 @@ expect_exit 1 train_on "$out/train.bin"  # complete now: refused only for being 
 expect_output "train.bin"
 grep -q "incomplete" "$SCRATCH/out" && fail "a complete dataset was called incomplete: $(cat "$SCRATCH/out")"
 
+# --- a shard whose magic is damaged is header damage, named as such, not headerless tokens ---
+cp "$out/train.bin" "$SCRATCH/damaged.bin"
+printf '\x00' | dd of="$SCRATCH/damaged.bin" bs=1 seek=0 conv=notrunc 2>/dev/null
+expect_exit 1 "$DATA" inspect "$SCRATCH/damaged.bin"
+expect_output "damaged.bin\" has a damaged llm.c header"
+expect_exit 1 train_on "$SCRATCH/damaged.bin"
+expect_output "damaged llm.c header"
+
 echo "PASS"

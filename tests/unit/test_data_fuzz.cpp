@@ -76,6 +76,29 @@ TEST(Fuzz, DamagedTokenFilesThrowDataErrorOrStayValid) {
   EXPECT_GT(rejected, kIterations / 2);  // every truncation and append, most header flips
 }
 
+// Flips confined to an llm.c header are always reported as a broken llm.c file, never read
+// as headerless tokens (whose first bad id would be the message).
+TEST(Fuzz, FlipsInsideTheLlmcHeaderAreReportedAsHeaderDamage) {
+  ScratchDir dir;
+  write_llmc_shard(dir / "valid.bin", std::vector<std::uint16_t>(300, 42));
+  const auto llmc = read_bytes(dir / "valid.bin");
+  Rng rng(35);
+  for (int iteration = 0; iteration < kIterations; ++iteration) {
+    auto bytes = llmc;
+    const auto flips = 1 + rng.below(8);
+    for (std::uint64_t i = 0; i < flips; ++i) bytes[rng.below(1024)] ^= static_cast<std::uint8_t>(1 + rng.below(255));
+    write_bytes(dir / "damaged.bin", bytes);
+    try {
+      TokenFile::open(dir / "damaged.bin", 50257);
+      ADD_FAILURE() << "iteration " << iteration << ": a damaged header was accepted";
+    } catch (const DataError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("llm.c"), std::string::npos) << "iteration " << iteration << ": " << message;
+      EXPECT_EQ(message.find("token at index"), std::string::npos) << "iteration " << iteration << ": " << message;
+    }
+  }
+}
+
 TEST(Fuzz, DamagedSafetensorsThrowCheckpointErrorOrStayConsistent) {
   ScratchDir dir;
   std::vector<SafetensorsTensor> tensors;

@@ -118,6 +118,31 @@ TEST(TokenFile, BrokenLlmcHeadersAreErrorsNotNanogptFiles) {
   EXPECT_NE(thrown_message<DataError>([&] { TokenFile::open(path, kVocab); }).find("llm.c magic"), std::string::npos);
 }
 
+TEST(TokenFile, DamagedMagicIsHeaderDamageNotHeaderlessTokens) {
+  ScratchDir dir;
+  const auto path = dir / "shard.bin";
+  for (const std::int32_t magic : {kLlmcMagic + 1, 0, -1}) {
+    write_llmc_shard(path, counting_tokens(100));
+    patch_header(path, 0, magic);
+    const auto message = thrown_message<DataError>([&] { TokenFile::open(path, kVocab); });
+    EXPECT_NE(message.find("shard.bin\" has a damaged llm.c header: its first int32 is " + std::to_string(magic)),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("token at index"), std::string::npos) << message;
+  }
+  // Magic and version both gone: the reserved words still give the header away.
+  write_llmc_shard(path, counting_tokens(100));
+  patch_header(path, 0, 7);
+  patch_header(path, 1, 9);
+  EXPECT_NE(thrown_message<DataError>([&] { TokenFile::open(path, kVocab); }).find("253 of the 253 reserved int32 are 0"),
+            std::string::npos);
+  // A reserved word that is not 0 behind an intact magic.
+  write_llmc_shard(path, counting_tokens(100));
+  patch_header(path, 100, 5);
+  EXPECT_NE(thrown_message<DataError>([&] { TokenFile::open(path, kVocab); }).find("damaged header: int32 [100] is 5"),
+            std::string::npos);
+}
+
 TEST(TokenFile, OddSizedNanogptFileIsRejected) {
   ScratchDir dir;
   write_bytes(dir / "train.bin", {1, 0, 2, 0, 3});
