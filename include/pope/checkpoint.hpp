@@ -78,6 +78,10 @@ struct CheckpointData {
 std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, const ParameterLayout& layout,
                                       const CheckpointData& data, int keep_last);
 
+// Creates <run_dir>/checkpoints when missing and returns it. Throws CheckpointError when it
+// cannot, e.g. a file in its place: the trainer calls it at start, not only at the first save.
+std::filesystem::path create_checkpoint_directory(const std::filesystem::path& run_dir);
+
 // `path` is a step directory or a run directory (then its newest checkpoint). Checks every
 // tensor of `layout` is present with its shape. weights_only skips optimizer and state.
 CheckpointData load_checkpoint(const std::filesystem::path& path, const ParameterLayout& layout,

@@ -280,6 +280,18 @@ TrainerState TrainerState::from_json(const nlohmann::json& json, const std::stri
 
 // ---- save / load -----------------------------------------------------------------------
 
+fs::path create_checkpoint_directory(const fs::path& run_dir) {
+  const fs::path checkpoints = run_dir / "checkpoints";
+  std::error_code ec;
+  const fs::file_status status = fs::status(checkpoints, ec);
+  if (fs::exists(status) && !fs::is_directory(status))
+    throw CheckpointError(fmt::format("{} exists and is not a directory; checkpoints are written there, so move it "
+                                      "away or choose another --out",
+                                      checkpoints));
+  checked_fs(fmt::format("create {}", checkpoints), [&](std::error_code& error) { fs::create_directories(checkpoints, error); });
+  return checkpoints;
+}
+
 fs::path save_checkpoint(const fs::path& run_dir, const ParameterLayout& layout, const CheckpointData& data,
                          int keep_last) {
   if (keep_last < 1) throw CheckpointError(fmt::format("checkpoint keep_last must be at least 1, got {}", keep_last));
@@ -290,8 +302,7 @@ fs::path save_checkpoint(const fs::path& run_dir, const ParameterLayout& layout,
     check_arena_size(layout, data.adam_v, "adam_v");
   }
 
-  const fs::path checkpoints = run_dir / "checkpoints";
-  checked_fs(fmt::format("create {}", checkpoints), [&](std::error_code& ec) { fs::create_directories(checkpoints, ec); });
+  const fs::path checkpoints = create_checkpoint_directory(run_dir);
   remove_leftovers(checkpoints);
 
   const std::string name = step_dir_name(data.state.step);

@@ -82,6 +82,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
     } catch (const RunLockError& error) {
       throw ConfigError("--out", error.what());
     }
+    if (options_.write_checkpoints) create_checkpoint_directory(run_dir_);
   }
 
   // Decide what to resume from before writing anything in the run directory.

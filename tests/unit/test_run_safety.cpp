@@ -1,6 +1,6 @@
 // Work that must never be lost: inputs checked before the first step, the final checkpoint
 // written before anything that can still fail, SIGHUP stopping like SIGTERM, another run's
-// records left alone.
+// records left alone, the checkpoint directory checked at start.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -76,4 +76,13 @@ TEST_F(RunSafetyTest, ANewRunRefusesAnotherRunsRecords) {
     EXPECT_NE(message.find("--resume auto"), std::string::npos) << message;
     EXPECT_EQ(Trainer(config_, options("run_" + record, "auto")).step(), 0);
   }
+}
+
+// `checkpoints` as a file is found before the first step, not at the first save.
+TEST_F(RunSafetyTest, ACheckpointsFileIsFoundAtStart) {
+  std::filesystem::create_directories(dir_ / "run");
+  std::ofstream(dir_ / "run" / "checkpoints") << "not a directory\n";
+  const std::string message = thrown_message<CheckpointError>([&] { Trainer(config_, options("run")); });
+  EXPECT_NE(message.find("checkpoints\" exists and is not a directory"), std::string::npos) << message;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run" / "metrics.jsonl"));
 }
