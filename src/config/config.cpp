@@ -256,6 +256,14 @@ void check_config(const RunConfig& config, const std::string& source) {
   if (config.train.sample_every > 0 && config.train.sample_prompt.empty())
     fail("train.sample_prompt", "expected some text to start the samples from, found an empty prompt", source);
   if (auto problem = batch_split_problem(config.train, 1)) fail("train.batch_size", *problem, source);
+  // Decoupled decay multiplies every matrix by 1 − lr·wd each step: at 1 or more it zeroes or flips them.
+  if (config.optim.lr * config.optim.weight_decay >= 1) {
+    fail("optim.weight_decay",
+         fmt::format("expected optim.lr ({}) × optim.weight_decay below 1 (the decay factor 1 − lr·wd of every "
+                     "step), found {}",
+                     config.optim.lr, config.optim.weight_decay),
+         source);
+  }
   if (config.optim.min_lr > config.optim.lr) {
     fail("optim.min_lr",
          fmt::format("expected at most optim.lr ({}), found {}", config.optim.lr, config.optim.min_lr), source);

@@ -1,6 +1,7 @@
 // RunConfig <-> JSON, and `a.b.c=value` overrides of the JSON form. Every key is handled
 // through the schema table; nothing here names an individual key.
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -28,6 +29,21 @@ namespace {
 template <class Integer> Integer parse_integer(const json& value, const std::string& path, const std::string& source) {
   constexpr bool is_unsigned = std::is_unsigned_v<Integer>;
   const char* expected = is_unsigned ? "a non-negative integer" : "an integer";
+  // A whole number in floating-point form (train.steps=1e3) is that integer where a double holds
+  // every integer, up to 2^53; past it, 1e19 may not be the integer that was meant.
+  if (value.is_number_float()) {
+    constexpr double kLargestExact = 9007199254740992.0;  // 2^53
+    const double number = value.get<double>();
+    const bool whole = number == std::floor(number);
+    if (whole && std::fabs(number) <= kLargestExact) {
+      const json integer = number >= 0 ? json(std::uint64_t(number)) : json(std::int64_t(number));
+      return parse_integer<Integer>(integer, path, source);
+    }
+    fail(path,
+         fmt::format("expected {}, found {}{}", expected, describe(value),
+                     whole ? "; write integers beyond 2^53 in digits" : ""),
+         source);
+  }
   if (!value.is_number_integer()) fail(path, fmt::format("expected {}, found {}", expected, describe(value)), source);
   // nlohmann stores non-negative integers as unsigned and negative ones as signed.
   if (value.is_number_unsigned()) {

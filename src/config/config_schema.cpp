@@ -27,6 +27,14 @@ constexpr double kMaxSequences = 1 << 20;  // batch_size, micro_batch_size
 // A bucket larger than any gradient arena is one bucket already; the bound keeps the byte
 // count (MiB × 2^20, converted to int64) from overflowing.
 constexpr double kMaxBucketMib = 1 << 20;
+// Bounds of the optimizer and initialisation numbers: what can train at all, far outside every
+// setting in use (lr 1e-5 … 1e-2, init_std 0.02, ε 1e-8). optim.lr = 1e300 wrote a checkpoint of
+// infinite weights; a std or a YaRN multiplier past these overflows the first logits.
+constexpr double kMaxLearningRate = 10;
+constexpr double kMaxInitStd = 1;
+constexpr double kMaxEpsilon = 1;             // norm_eps, optim.eps: above it ε swamps what it guards
+constexpr double kMaxWeightDecay = 10;        // and lr × weight_decay < 1 (check_config)
+constexpr double kMaxYarnTemperature = 10;
 
 // Every name model.position.kind accepts, aliases included.
 std::vector<std::string_view> position_kind_values() {
@@ -43,8 +51,8 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(model.n_head), between(1, kMaxWidth)},
       {POPE_CONFIG_KEY(model.n_embd), between(1, kMaxWidth)},
       {POPE_CONFIG_KEY(model.context_length), between(1, kMaxLength)},
-      {POPE_CONFIG_KEY(model.norm_eps), above(0)},
-      {POPE_CONFIG_KEY(model.init_std), above(0)},
+      {POPE_CONFIG_KEY(model.norm_eps), above_up_to(0, kMaxEpsilon)},
+      {POPE_CONFIG_KEY(model.init_std), above_up_to(0, kMaxInitStd)},
       {POPE_CONFIG_KEY(model.position.kind), any(), position_kind_values()},
       {POPE_CONFIG_KEY(model.position.rope.base), above(1)},
       {POPE_CONFIG_KEY(model.position.rope.fraction), fraction()},
@@ -52,7 +60,7 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(model.position.rope.scaling.factor), at_least(1)},
       {POPE_CONFIG_KEY(model.position.rope.scaling.yarn_alpha), at_least(0)},
       {POPE_CONFIG_KEY(model.position.rope.scaling.yarn_beta), above(0)},
-      {POPE_CONFIG_KEY(model.position.rope.scaling.yarn_temperature), at_least(0)},
+      {POPE_CONFIG_KEY(model.position.rope.scaling.yarn_temperature), between(0, kMaxYarnTemperature)},
       {POPE_CONFIG_KEY(model.position.pope.base), above(1)},
       {POPE_CONFIG_KEY(model.position.pope.magnitude)},
       {POPE_CONFIG_KEY(model.position.pope.learn_delta)},
@@ -77,14 +85,14 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(data.indirect_indexing.max_len), between(2, 52)},
       {POPE_CONFIG_KEY(data.indirect_indexing.max_shift), at_least(0)},
       {POPE_CONFIG_KEY(data.indirect_indexing.zero_shift)},
-      {POPE_CONFIG_KEY(optim.lr), at_least(0)},
-      {POPE_CONFIG_KEY(optim.min_lr), at_least(0)},
+      {POPE_CONFIG_KEY(optim.lr), above_up_to(0, kMaxLearningRate)},
+      {POPE_CONFIG_KEY(optim.min_lr), between(0, kMaxLearningRate)},
       {POPE_CONFIG_KEY(optim.warmup_steps), at_least(0)},
       {POPE_CONFIG_KEY(optim.schedule)},
       {POPE_CONFIG_KEY(optim.beta1), decay_rate()},
       {POPE_CONFIG_KEY(optim.beta2), decay_rate()},
-      {POPE_CONFIG_KEY(optim.eps), above(0)},
-      {POPE_CONFIG_KEY(optim.weight_decay), at_least(0)},
+      {POPE_CONFIG_KEY(optim.eps), above_up_to(0, kMaxEpsilon)},
+      {POPE_CONFIG_KEY(optim.weight_decay), between(0, kMaxWeightDecay)},
       {POPE_CONFIG_KEY(optim.grad_clip), at_least(0)},
       {POPE_CONFIG_KEY(train.steps), at_least(1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.batch_size), between(1, kMaxSequences)},

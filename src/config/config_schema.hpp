@@ -28,8 +28,12 @@ struct Range {
 // Bounds for table rows.
 inline Range at_least(double min) { return {.min = min, .min_exclusive = false, .max = {}, .max_exclusive = false}; }
 inline Range above(double min) { return {.min = min, .min_exclusive = true, .max = {}, .max_exclusive = false}; }
+// (min, max]: a positive scale with an upper bound.
+inline Range above_up_to(double min, double max) {
+  return {.min = min, .min_exclusive = true, .max = max, .max_exclusive = false};
+}
 // (0, 1]: a share of channels or heads.
-inline Range fraction() { return {.min = 0.0, .min_exclusive = true, .max = 1.0, .max_exclusive = false}; }
+inline Range fraction() { return above_up_to(0.0, 1.0); }
 // [0, 1): an Adam moment decay.
 inline Range decay_rate() { return {.min = 0.0, .min_exclusive = false, .max = 1.0, .max_exclusive = true}; }
 // [min, max], both included.

@@ -22,4 +22,10 @@ expect_output "deep.json: invalid JSON"
 expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set "data.train=$(printf 'data/\xff\xfe.bin')"
 expect_output "data.train: expected UTF-8 text, found the byte 0xFF at offset 5"
 
+# Numbers bounded to what trains (lr 1e300 once checkpointed infinite weights); 1e3 steps is 1000.
+expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set optim.lr=1e300
+expect_output "optim.lr: expected a number in (0, 10], found 1e+300"
+expect_exit 0 "$TRAIN" --config small_cpu --dry-run --set train.steps=1e3
+expect_output '"steps": 1000'
+
 echo "PASS"

@@ -196,13 +196,52 @@ TEST(Config, OutOfRangeValuesAreRejected) {
   expect_invalid([](RunConfig& c) { c.optim.beta2 = 1.0; }, "optim.beta2", {"in [0, 1)", "found 1"});
   expect_invalid([](RunConfig& c) { c.model.position.rope.fraction = 0.0; }, "model.position.rope.fraction",
                  {"in (0, 1]"});
-  expect_invalid([](RunConfig& c) { c.optim.eps = 0.0; }, "optim.eps", {"> 0"});
-  expect_invalid([](RunConfig& c) { c.optim.lr = -1e-3; }, "optim.lr", {">= 0"});
+  expect_invalid([](RunConfig& c) { c.optim.eps = 0.0; }, "optim.eps", {"in (0, 1]"});
+  expect_invalid([](RunConfig& c) { c.optim.lr = -1e-3; }, "optim.lr", {"in (0, 10]"});
   expect_invalid([](RunConfig& c) { c.model.position.rope.scaling.factor = 0.5; },
                  "model.position.rope.scaling.factor", {">= 1"});
   expect_invalid([](RunConfig& c) { c.train.keep_checkpoints = 0; }, "train.keep_checkpoints", {">= 1"});
   expect_invalid([](RunConfig& c) { c.train.zero_stage = 2; }, "train.zero_stage", {"found 2"});
   expect_invalid([](RunConfig& c) { c.train.ddp_bucket_mb = -1; }, "train.ddp_bucket_mb", {"in [0, 1048576]"});
+}
+
+// optim.lr = 1e300 trained to infinite weights and checkpointed them; every optimizer and
+// initialisation number is bounded to what can train.
+TEST(Config, TrainingNumbersAreBoundedToWhatTrains) {
+  expect_invalid([](RunConfig& c) { c.optim.lr = 1e300; }, "optim.lr", {"in (0, 10], found 1e+300"});
+  expect_invalid([](RunConfig& c) { c.optim.lr = 0; }, "optim.lr", {"in (0, 10]"});
+  expect_invalid([](RunConfig& c) { c.optim.min_lr = 11; }, "optim.min_lr", {"in [0, 10]"});
+  expect_invalid([](RunConfig& c) { c.optim.eps = 2; }, "optim.eps", {"in (0, 1]"});
+  expect_invalid([](RunConfig& c) { c.model.norm_eps = 1e10; }, "model.norm_eps", {"in (0, 1]"});
+  expect_invalid([](RunConfig& c) { c.model.init_std = 1e200; }, "model.init_std", {"in (0, 1]"});
+  expect_invalid([](RunConfig& c) { c.optim.weight_decay = 11; }, "optim.weight_decay", {"in [0, 10]"});
+  expect_invalid([](RunConfig& c) { c.model.position.rope.scaling.yarn_temperature = 1e9; },
+                 "model.position.rope.scaling.yarn_temperature", {"in [0, 10]"});
+  // Decoupled decay by a factor 1 − lr·wd of at most 0 zeroes or flips the weights.
+  expect_invalid([](RunConfig& c) { c.optim.lr = 1, c.optim.weight_decay = 1; }, "optim.weight_decay",
+                 {"× optim.weight_decay below 1", "found 1"});
+  RunConfig bounds;
+  bounds.optim.lr = 10;
+  bounds.optim.min_lr = 0;
+  bounds.optim.weight_decay = 0.09;
+  bounds.model.init_std = 1;
+  EXPECT_NO_THROW(validate(bounds));
+}
+
+// train.steps=1e3 is a thousand steps: whole numbers in floating-point form are integers.
+TEST(Config, WholeNumbersWrittenAsFloatsAreIntegers) {
+  json config = json::object();
+  apply_override(config, "train.steps=1e3");
+  apply_override(config, "model.n_head=12.0");
+  apply_override(config, "train.seed=9007199254740992.0");  // 2^53
+  const RunConfig parsed = config_from_json(config);
+  EXPECT_EQ(parsed.train.steps, 1000);
+  EXPECT_EQ(parsed.model.n_head, 12);
+  EXPECT_EQ(parsed.train.seed, 9007199254740992ull);
+  expect_json_error({{"train", {{"steps", 1e3 + 0.5}}}}, "train.steps", {"expected an integer, found 1000.5"});
+  expect_json_error({{"train", {{"seed", 1e19}}}}, "train.seed", {"write integers beyond 2^53 in digits"});
+  expect_json_error({{"train", {{"seed", -1.0}}}}, "train.seed", {"expected a non-negative integer in [0, "});
+  expect_json_error({{"model", {{"n_head", 3e9}}}}, "model.n_head", {"in [-2147483648, 2147483647]", "3000000000"});
 }
 
 // Without upper bounds, 2^31 − 1 layers hung a dry run, a width of 2^30 wrapped the parameter
