@@ -4,6 +4,7 @@
 
 #include "data/corpus_reader_sources.hpp"
 #include "data/corpus_reader_tar.hpp"
+#include "data/regular_file.hpp"
 #include "pope/corpus.hpp"
 #include "pope/data.hpp"
 
@@ -100,7 +101,7 @@ bool is_hidden(const fs::path& path) {
 std::vector<fs::path> input_files(const fs::path& input) {
   std::error_code ec;
   if (fs::is_regular_file(input, ec)) return {input};
-  if (!fs::is_directory(input, ec)) throw DataError(input.string() + ": no such file or directory");
+  if (!fs::is_directory(input, ec)) throw DataError(input.string() + ": " + why_not_regular_file(input));
   std::vector<fs::path> files;
   for (auto it = fs::recursive_directory_iterator(input, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {

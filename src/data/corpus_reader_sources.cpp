@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "data/regular_file.hpp"
 #include "pope/data.hpp"
 
 namespace pope {
@@ -25,7 +26,7 @@ std::string ByteSource::read_all(const std::string& name, std::size_t limit) {
 }
 
 FileSource::FileSource(const std::filesystem::path& path, std::atomic<std::uint64_t>* bytes_read)
-    : path_(path), file_(std::fopen(path.c_str(), "rb")), bytes_read_(bytes_read) {
+    : path_(path), file_(::fdopen(open_regular_file(path, "input file"), "rb")), bytes_read_(bytes_read) {
   if (file_ == nullptr) throw DataError(path.string() + ": cannot open: " + std::strerror(errno));
 }
 

@@ -10,6 +10,7 @@
 
 #include "data/gpt2_byte_unicode.hpp"
 #include "data/gpt2_sha256.hpp"
+#include "data/regular_file.hpp"
 #include "pope/tokenizer.hpp"
 
 namespace pope {
@@ -22,6 +23,8 @@ constexpr int kMergeCount = 50000;
 constexpr const char* kFetchHint = "run scripts/fetch_tokenizer.sh to download the GPT-2 tokenizer files";
 
 std::string read_verified(const std::filesystem::path& path, const char* expected_sha256) {
+  if (const std::string why = why_not_regular_file(path); !why.empty())
+    throw TokenizerError(path.string() + " " + why + " (" + kFetchHint + ")");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw TokenizerError(path.string() + ": cannot open (" + kFetchHint + ")");
   std::ostringstream buffer;

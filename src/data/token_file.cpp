@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "checkpoint/atomic_file.hpp"
+#include "data/regular_file.hpp"
 #include "pope/data.hpp"
 
 namespace pope {
@@ -29,13 +30,7 @@ constexpr std::size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(std::int32_t);
 // Maps the whole file read-only; the shared_ptr's deleter unmaps it when the last
 // TokenFile copy goes away.
 std::shared_ptr<const void> map_file(const std::filesystem::path& path, std::size_t& size_out) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status)) throw DataError(fmt::format("token file {} does not exist", path));
-  if (std::filesystem::is_directory(status))
-    throw DataError(fmt::format("token file {} is a directory, expected a file", path));
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(fmt::format("cannot open token file {}: {}", path, std::strerror(errno)));
+  const int fd = open_regular_file(path, "token file");
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
     const int saved = errno;

@@ -11,7 +11,8 @@ TRAIN="$POPE_BIN/pope-train"
 export POPE_TOKENIZER_DIR="$POPE_SOURCE_DIR/data/tokenizer"
 "$DATA" encode x >/dev/null 2>&1 || { echo "SKIP: pope-data cannot tokenize in this build"; exit 77; }
 
-# train_on SPEC: a one-step run on the GPT-2 vocabulary that reads SPEC as its training data.
+# train_on SPEC: a one-step run on the GPT-2 vocabulary that reads SPEC as its training data
+# (under a timeout: a reader blocked on a FIFO fails the test instead of hanging it).
 cat >"$SCRATCH/gpt2.json" <<JSON
 {
   "model": {"vocab_size": 50257, "padded_vocab_size": 50304, "n_layer": 1, "n_head": 2, "n_embd": 16,
@@ -22,7 +23,7 @@ cat >"$SCRATCH/gpt2.json" <<JSON
 JSON
 train_on() {
   rm -rf "$SCRATCH/run"
-  "$TRAIN" --config "$SCRATCH/gpt2.json" --set data.train="$1" --set data.val="$1" --out "$SCRATCH/run" --no-checkpoints
+  timeout 60 "$TRAIN" --config "$SCRATCH/gpt2.json" --set data.train="$1" --set data.val="$1" --out "$SCRATCH/run" --no-checkpoints
 }
 
 # --- tokenize killed midway: the first batch's shards are on disk, the second batch is not ---
@@ -62,5 +63,19 @@ expect_exit 1 "$DATA" inspect "$SCRATCH/damaged.bin"
 expect_output "damaged.bin\" has a damaged llm.c header"
 expect_exit 1 train_on "$SCRATCH/damaged.bin"
 expect_output "damaged llm.c header"
+
+# --- non-regular files where a file is expected: refused for what they are, never blocking ---
+mkfifo "$SCRATCH/fifo.bin"
+ln -s loop2 "$SCRATCH/loop1" && ln -s loop1 "$SCRATCH/loop2"
+expect_exit 1 timeout 20 "$DATA" inspect "$SCRATCH/fifo.bin"
+expect_output "fifo.bin\" is a FIFO (named pipe), not a regular file"
+expect_exit 1 timeout 20 "$DATA" inspect /dev/zero
+expect_output "is a character device, not a regular file"
+expect_exit 1 train_on "$SCRATCH/fifo.bin"
+expect_output "is a FIFO (named pipe)"
+expect_exit 1 train_on "$SCRATCH/loop1"
+expect_output "loop1\" is a symbolic link loop"
+expect_exit 1 timeout 20 "$DATA" tokenize -i "$SCRATCH/fifo.bin" -o "$SCRATCH/from_fifo" -q
+expect_output "fifo.bin: is a FIFO (named pipe)"
 
 echo "PASS"
