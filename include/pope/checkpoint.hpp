@@ -1,6 +1,7 @@
 // Checkpoints: weights as safetensors (readable by any safetensors reader), optimizer
 // moments as a second safetensors file, trainer state as JSON — one directory per step,
-// written atomically (temp directory, fsync every file, rename), the last N kept.
+// written atomically (temp directory, fsync every file, rename), the last N kept (each renamed
+// to a non-checkpoint name before its files are deleted).
 //
 // Layout of a run directory:
 //   <run>/config.json                 resolved config
@@ -91,7 +92,8 @@ CheckpointData load_checkpoint(const std::filesystem::path& path, const Paramete
 // (step_N): resuming or reporting another step than the weights' would be silently wrong.
 TrainerState read_trainer_state(const std::filesystem::path& step_dir);
 
-// Newest complete step directory under <run_dir>/checkpoints, if any.
+// Newest complete step directory under <run_dir>/checkpoints, if any: one holding all three
+// files (a weights-only directory is read through its own path only).
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& run_dir);
 
 // What a checkpoint path names: a run directory (then its newest complete step directory) or a

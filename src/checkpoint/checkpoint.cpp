@@ -24,6 +24,7 @@ namespace {
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kTrainerFile = "trainer.json";
+constexpr const char* kTrainerCheckpointFiles[] = {kModelFile, kOptimizerFile, kTrainerFile};
 constexpr const char* kStepPrefix = "step_";
 constexpr const char* kFormatName = "pope";
 
@@ -58,10 +59,10 @@ std::vector<StepDir> step_dirs(const fs::path& checkpoints) {
   return dirs;
 }
 
-// Leftovers of an interrupted save: "<step dir>.tmp" (being written) and "<step dir>.old"
-// (being replaced). Neither is ever a valid checkpoint.
+// Leftovers of an interrupted save: "<step dir>.tmp" (being written), "<step dir>.old" (being
+// replaced) and "<step dir>.deleting" (being pruned). None is ever a valid checkpoint.
 bool is_leftover_dir_name(const std::string& name) {
-  for (const char* suffix : {".tmp", ".old"}) {
+  for (const char* suffix : {".tmp", ".old", ".deleting"}) {
     const std::string s = suffix;
     if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
         parse_step_dir_name(name.substr(0, name.size() - s.size())))
@@ -76,22 +77,6 @@ void remove_leftovers(const fs::path& checkpoints) {
     if (entry.is_directory() && is_leftover_dir_name(entry.path().filename().string())) fs::remove_all(entry.path(), ec);
 }
 
-// Deletes all but the newest `keep_last` step directories; `keep` (the one just written)
-// always survives and counts towards the limit.
-void prune(const fs::path& checkpoints, const fs::path& keep, int keep_last) {
-  int kept = 1;
-  for (const auto& dir : step_dirs(checkpoints)) {
-    if (dir.path.filename() == keep.filename()) continue;
-    if (kept < keep_last) {
-      ++kept;
-      continue;
-    }
-    std::error_code ec;
-    fs::remove_all(dir.path, ec);
-    if (ec) throw CheckpointError(fmt::format("cannot remove old checkpoint {}: {}", dir.path, ec.message()));
-  }
-}
-
 template <class Action>
 void checked_fs(const std::string& what, Action action) {
   std::error_code ec;
@@ -104,6 +89,26 @@ void sync_directory(const fs::path& directory) {
     fsync_directory(directory);
   } catch (const AtomicWriteError& error) {
     throw CheckpointError(error.what());
+  }
+}
+
+// Deletes all but the newest `keep_last` step directories; `keep` (the one just written)
+// always survives and counts towards the limit.
+void prune(const fs::path& checkpoints, const fs::path& keep, int keep_last) {
+  int kept = 1;
+  for (const auto& dir : step_dirs(checkpoints)) {
+    if (dir.path.filename() == keep.filename()) continue;
+    if (kept < keep_last) {
+      ++kept;
+      continue;
+    }
+    // Renamed first: a crash while its files go must not leave a step directory missing one.
+    fs::path doomed = dir.path;
+    doomed += ".deleting";
+    checked_fs(fmt::format("rename old checkpoint {} to {}", dir.path, doomed),
+               [&](std::error_code& ec) { fs::rename(dir.path, doomed, ec); });
+    sync_directory(checkpoints);
+    checked_fs(fmt::format("remove old checkpoint {}", doomed), [&](std::error_code& ec) { fs::remove_all(doomed, ec); });
   }
 }
 
@@ -327,8 +332,14 @@ fs::path save_checkpoint(const fs::path& run_dir, const ParameterLayout& layout,
 }
 
 std::optional<fs::path> latest_checkpoint(const fs::path& run_dir) {
+  // Every file the trainer writes: a directory that lost one (deleted by hand, or by a pruning
+  // before they were renamed away first) is not a checkpoint to resume or evaluate.
+  const auto complete = [](const fs::path& dir) {
+    return std::all_of(std::begin(kTrainerCheckpointFiles), std::end(kTrainerCheckpointFiles),
+                       [&](const char* file) { return fs::is_regular_file(dir / file); });
+  };
   for (const auto& dir : step_dirs(run_dir / "checkpoints"))
-    if (fs::is_regular_file(dir.path / kTrainerFile)) return dir.path;
+    if (complete(dir.path)) return dir.path;
   return std::nullopt;
 }
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# pope-train under faults that must never lose work: SIGHUP stops with a checkpoint like SIGTERM.
+# pope-train under faults that must never lose work: SIGHUP stops with a checkpoint like SIGTERM;
+# kill -9 while checkpoints are written and pruned leaves only complete ones, and resume works.
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
@@ -39,4 +40,26 @@ if [ $(( 0x$(awk '/^SigIgn:/ {print $2}' /proc/$$/status) & 1 )) -eq 0 ]; then
 else
   echo "note: SIGHUP is ignored in this shell (nohup); its case is not run"
 fi
+# kill -9 at several moments of a run that checkpoints (and prunes) every step: every step
+# directory left holds all three files, and --resume auto continues from the newest.
+KILL_RUN=(--config "$SCRATCH/tiny.json" --set train.steps=100000 --set train.checkpoint_every=1
+          --set train.keep_checkpoints=1 --out "$SCRATCH/kill" --resume auto -q)
+saves() { cat "$SCRATCH/kill/train.log" 2>/dev/null | grep -c '] info checkpoint ' || true; }
+for delay in 0.05 0.15 0.25 0.35 0.45; do
+  before=$(saves)
+  "$TRAIN" "${KILL_RUN[@]}" >"$SCRATCH/kill.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do [ "$(saves)" -gt "$before" ] && break; sleep 0.1; done
+  sleep "$delay"
+  kill -KILL "$pid"
+  set +e; wait "$pid"; set -e
+  for dir in "$SCRATCH"/kill/checkpoints/step_????????; do
+    for f in model.safetensors optimizer.safetensors trainer.json; do
+      [ -f "$dir/$f" ] || fail "after kill -9 (delay $delay) $dir looks like a checkpoint but lacks $f"
+    done
+  done
+done
+latest=$(ls -d "$SCRATCH"/kill/checkpoints/step_???????? | tail -1)
+expect_exit 0 "$TRAIN" "${KILL_RUN[@]}" --stop-at $((10#${latest##*step_} + 2))
+grep -q "resumed from .*${latest##*/}" "$SCRATCH/kill/train.log" || fail "the killed run did not resume from ${latest##*/}"
 echo "PASS"

@@ -340,6 +340,24 @@ TEST(Checkpoint, LatestIgnoresTemporaryAndIncompleteDirectories) {
   EXPECT_EQ(*latest_checkpoint(run.path()), run / "checkpoints" / "step_00000030");
 }
 
+// A pruning killed half-way must not leave a directory that looks complete: old step
+// directories are renamed to "<step>.deleting" before their files go, and a step directory
+// missing any file (here optimizer.safetensors, as a delete in file order left it) is skipped.
+TEST(Checkpoint, APartlyDeletedCheckpointNeverLooksComplete) {
+  ScratchDir run;
+  const auto layout = tiny_layout();
+  const auto checkpoints = run / "checkpoints";
+  save_checkpoint(run.path(), layout, full_checkpoint(layout, 20), 5);
+  std::filesystem::copy(checkpoints / "step_00000020", checkpoints / "step_00000040");
+  std::filesystem::remove(checkpoints / "step_00000040" / "optimizer.safetensors");
+  std::filesystem::copy(checkpoints / "step_00000020", checkpoints / "step_00000050.deleting");
+  EXPECT_EQ(latest_checkpoint(run.path()), checkpoints / "step_00000020");
+  EXPECT_EQ(load_checkpoint(run.path(), layout).state.step, 20);
+
+  save_checkpoint(run.path(), layout, full_checkpoint(layout, 60), 1);  // prunes 20 and 40, clears the leftover
+  EXPECT_EQ(entries_of(checkpoints), (std::vector<std::string>{"step_00000060"}));
+}
+
 TEST(Checkpoint, LayoutMismatchesNameTensorAndShapes) {
   ScratchDir run;
   const auto dir = save_checkpoint(run.path(), tiny_layout(4), full_checkpoint(tiny_layout(4), 1), 1);
