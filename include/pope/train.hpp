@@ -102,6 +102,8 @@ class Trainer {
   void log_sample(long step);
   void save();
   void restore(const std::filesystem::path& checkpoint);
+  // Rewrites metrics.jsonl without the records of steps ≥ first_replayed_step (and torn lines).
+  void drop_metrics_from(long first_replayed_step);
   void initialize_from(const std::filesystem::path& checkpoint);
   void check_ranks_agree();
   TrainingSummary train_steps();

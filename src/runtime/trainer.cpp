@@ -156,10 +156,14 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   state_.rng = Rng(config_.train.seed).state();
   if (resume_from) {
     restore(*resume_from);
-  } else if (!options_.init_from.empty()) {
-    initialize_from(options_.init_from);
   } else {
-    model_->initialize(config_.train.seed);
+    // --resume auto after a crash before the first checkpoint: every logged step is taken again.
+    if (options_.resume == "auto") drop_metrics_from(0);
+    if (!options_.init_from.empty()) {
+      initialize_from(options_.init_from);
+    } else {
+      model_->initialize(config_.train.seed);
+    }
   }
   if (is_root()) write_file_atomic(run_dir_ / "config.json", config_to_json(config_).dump(2) + "\n");
 
@@ -228,20 +232,30 @@ void Trainer::restore(const std::filesystem::path& checkpoint) {
   optimizer_->moments_from_host(data.adam_m, data.adam_v);
   state_ = data.state;
   last_checkpoint_ = checkpoint;
-
-  // Metrics logged after the checkpoint belong to a future that is about to be replayed.
-  const auto metrics = run_dir_ / "metrics.jsonl";
-  if (is_root() && std::filesystem::exists(metrics)) {
-    std::ifstream in(metrics);
-    std::ostringstream kept;
-    for (std::string line; std::getline(in, line);) {
-      const auto record = nlohmann::json::parse(line, nullptr, false);
-      if (!record.is_discarded() && record.value("step", 0L) <= state_.step) kept << line << '\n';
-    }
-    write_file_atomic(metrics, kept.str());
-  }
   auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
   logger.info("resumed from {} at step {}", checkpoint.string(), state_.step);
+  drop_metrics_from(state_.step + 1);
+}
+
+// Metrics logged after the resumed step belong to a future that is about to be replayed: the
+// file is rewritten atomically without them (and without a line torn by a crash).
+void Trainer::drop_metrics_from(long first_replayed_step) {
+  const auto metrics = run_dir_ / "metrics.jsonl";
+  if (!is_root() || !std::filesystem::exists(metrics)) return;
+  std::ifstream in(metrics);
+  std::ostringstream kept;
+  long dropped = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line, nullptr, false);
+    if (!record.is_discarded() && record.is_object() && record.value("step", 0L) < first_replayed_step)
+      kept << line << '\n';
+    else
+      ++dropped;
+  }
+  if (dropped == 0) return;
+  write_file_atomic(metrics, kept.str());
+  std::static_pointer_cast<spdlog::logger>(logger_)->info(
+      "metrics.jsonl: dropped {} record(s) from step {} on, which this run takes again", dropped, first_replayed_step);
 }
 
 // Fine-tuning: weights only. The checkpoint's own config is not consulted; this run's config

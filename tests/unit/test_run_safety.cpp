@@ -1,10 +1,11 @@
 // Work that must never be lost: inputs checked before the first step, the final checkpoint
 // written before anything that can still fail, SIGHUP stopping like SIGTERM, another run's
-// records left alone, the checkpoint directory checked at start.
+// records left alone, the checkpoint directory checked at start, no step logged twice.
 #include <gtest/gtest.h>
 
 #include <csignal>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -85,4 +86,23 @@ TEST_F(RunSafetyTest, ACheckpointsFileIsFoundAtStart) {
   const std::string message = thrown_message<CheckpointError>([&] { Trainer(config_, options("run")); });
   EXPECT_NE(message.find("checkpoints\" exists and is not a directory"), std::string::npos) << message;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "run" / "metrics.jsonl"));
+}
+
+// A run that crashed before its first checkpoint, continued with --resume auto, starts from
+// step 0 again: its metrics.jsonl holds each step once, not the crashed run's steps as well.
+TEST_F(RunSafetyTest, ResumeBeforeAnyCheckpointLogsEveryStepOnce) {
+  config_.train.steps = 4;
+  TrainerOptions crashed = options("run");
+  crashed.write_checkpoints = false;  // what a crash before the first checkpoint leaves
+  Trainer(config_, crashed).train();
+  ASSERT_FALSE(latest_checkpoint(dir_ / "run"));
+  { std::ofstream(dir_ / "run" / "metrics.jsonl", std::ios::app) << "{\"event\":\"tra"; }  // a line torn by the crash
+  Trainer(config_, options("run", "auto")).train();
+  std::map<long, int> logged;
+  std::ifstream in(dir_ / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "train") ++logged[record["step"].get<long>()];
+  }
+  EXPECT_EQ(logged, (std::map<long, int>{{1, 1}, {2, 1}, {3, 1}, {4, 1}}));
 }
