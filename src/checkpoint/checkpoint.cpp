@@ -126,6 +126,15 @@ std::vector<SafetensorsTensor> tensors_from_arena(const ParameterLayout& layout,
   return tensors;
 }
 
+// "N non-finite values (the first at element E)", or nullopt when every value is finite.
+std::optional<std::string> non_finite_values(const float* values, std::size_t count) {
+  const auto finite = [](float v) { return std::isfinite(v); };
+  const float* first_bad = std::find_if_not(values, values + count, finite);
+  if (first_bad == values + count) return std::nullopt;
+  return fmt::format("{} non-finite values (the first at element {})",
+                     std::count_if(first_bad, values + count, [&](float v) { return !finite(v); }), first_bad - values);
+}
+
 // Fills the arena from the tensors named `prefix` + parameter name, each F32 with the
 // layout's shape.
 std::vector<float> arena_from_tensors(const ParameterLayout& layout, const SafetensorsContents& contents,
@@ -147,19 +156,27 @@ std::vector<float> arena_from_tensors(const ParameterLayout& layout, const Safet
                                         dtype_name(found->dtype)));
     float* values = flat.data() + layout.offset(i);
     std::memcpy(values, found->bytes.data(), found->bytes.size());
-    // Training skips the steps whose loss or gradient is not finite, so a NaN or infinity here
-    // is damage to the file (the format has no checksum); evaluating or resuming from it would
-    // print NaN perplexities or train on garbage.
-    const std::size_t count = found->bytes.size() / sizeof(float);
-    const auto first_bad = std::find_if(values, values + count, [](float v) { return !std::isfinite(v); });
-    if (first_bad != values + count)
-      throw CheckpointError(fmt::format(
-          "checkpoint file {}: tensor '{}' has {} non-finite values (the first at element {}); training never "
-          "writes them, so the file is damaged",
-          file, name, std::count_if(first_bad, values + count, [](float v) { return !std::isfinite(v); }),
-          first_bad - values));
+    // Saving refuses NaN and infinity, so one here is damage to the file (the format has no
+    // checksum); evaluating or resuming from it would print NaN perplexities or train on garbage.
+    if (const auto bad = non_finite_values(values, found->bytes.size() / sizeof(float)))
+      throw CheckpointError(fmt::format("checkpoint file {}: tensor '{}' has {}; training never writes them, so the "
+                                        "file is damaged",
+                                        file, name, *bad));
   }
   return flat;
+}
+
+// Refuses to save a NaN or infinity (a diverged run, e.g. a far too large optim.lr): a resume
+// or evaluation could only refuse it later, and it would pass for the last good checkpoint.
+void check_arena_finite(const ParameterLayout& layout, const std::vector<float>& flat, const std::string& prefix,
+                        long step) {
+  for (std::size_t i = 0; i < layout.specs().size(); ++i) {
+    const auto& spec = layout.specs()[i];
+    if (const auto bad = non_finite_values(flat.data() + layout.offset(i), std::size_t(shape_numel(spec.shape))))
+      throw CheckpointError(fmt::format("step {}: tensor '{}{}' has {}; no checkpoint written (those already saved "
+                                        "are kept): the run diverged, lower optim.lr or check the data",
+                                        step, prefix, spec.name, *bad));
+  }
 }
 
 // A tensor the model does not know means the checkpoint belongs to another model (or
@@ -302,9 +319,12 @@ fs::path save_checkpoint(const fs::path& run_dir, const ParameterLayout& layout,
   if (keep_last < 1) throw CheckpointError(fmt::format("checkpoint keep_last must be at least 1, got {}", keep_last));
   if (data.state.step < 0) throw CheckpointError(fmt::format("cannot save a checkpoint for step {}", data.state.step));
   check_arena_size(layout, data.params, "params");
+  check_arena_finite(layout, data.params, "", data.state.step);
   if (!data.adam_m.empty() || !data.adam_v.empty()) {
     check_arena_size(layout, data.adam_m, "adam_m");
     check_arena_size(layout, data.adam_v, "adam_v");
+    check_arena_finite(layout, data.adam_m, "m.", data.state.step);
+    check_arena_finite(layout, data.adam_v, "v.", data.state.step);
   }
 
   const fs::path checkpoints = create_checkpoint_directory(run_dir);

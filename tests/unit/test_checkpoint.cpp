@@ -1,5 +1,6 @@
 // safetensors files (round trip, corruption, interoperability with an independent Python
 // reader/writer) and trainer checkpoints (round trip, pruning, replacement, errors).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -379,26 +380,48 @@ TEST(Checkpoint, LayoutMismatchesNameTensorAndShapes) {
   EXPECT_NE(message.find("final_norm.weight"), std::string::npos) << message;
 }
 
-// A weight or moment that is NaN or infinite can only come from damage (training skips the
-// steps whose loss or gradient is not finite): refused, naming the file, tensor and element.
+// A weight or moment that is NaN or infinite is never saved (a diverged run would call it the
+// last good checkpoint), so in a file it can only be damage: both refused, naming the tensor.
 TEST(Checkpoint, NonFiniteValuesAreRefusedNamingTheTensor) {
   ScratchDir run;
   const auto layout = tiny_layout();
+  const auto good = save_checkpoint(run.path(), layout, full_checkpoint(layout, 6), 1);
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const bool model = std::string(file) == "model.safetensors";
     for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
       auto data = full_checkpoint(layout, 7);
       const std::size_t element = static_cast<std::size_t>(layout.offset(2)) + 5;  // layers.0.attn.qkv.weight[5]
-      (std::string(file) == "model.safetensors" ? data.params : data.adam_v)[element] = bad;
-      const auto dir = save_checkpoint(run.path(), layout, data, 1);
-      const auto message = thrown_message<CheckpointError>([&] { load_checkpoint(dir, layout); });
+      (model ? data.params : data.adam_v)[element] = bad;
+      auto message = thrown_message<CheckpointError>([&] { save_checkpoint(run.path(), layout, data, 1); });
+      EXPECT_NE(message.find(fmt::format("step 7: tensor '{}layers.0.attn.qkv.weight' has 1 non-finite values (the "
+                                         "first at element 5); no checkpoint written",
+                                         model ? "" : "v.")),
+                std::string::npos)
+          << message;
+      EXPECT_EQ(entries_of(run / "checkpoints"), (std::vector<std::string>{"step_00000006"}));
+
+      // The same values written into the saved checkpoint's file: damage the loader refuses.
+      const auto original = read_bytes(good / file);
+      std::vector<SafetensorsTensor> tensors;
+      for (const std::string prefix : model ? std::vector<std::string>{""} : std::vector<std::string>{"m.", "v."}) {
+        const auto& flat = prefix.empty() ? data.params : prefix == "m." ? data.adam_m : data.adam_v;
+        for (std::size_t i = 0; i < layout.specs().size(); ++i) {
+          std::vector<float> values(flat.begin() + layout.offset(i),
+                                    flat.begin() + layout.offset(i) + shape_numel(layout.specs()[i].shape));
+          tensors.push_back(make_tensor<float>(prefix + layout.specs()[i].name, DType::f32, layout.specs()[i].shape, values));
+        }
+      }
+      write_safetensors(good / file, tensors);
+      message = thrown_message<CheckpointError>([&] { load_checkpoint(good, layout); });
       EXPECT_NE(message.find(file), std::string::npos) << message;
       EXPECT_NE(message.find("attn.qkv.weight' has 1 non-finite values (the first at element 5)"), std::string::npos)
           << message;
-      if (std::string(file) == "model.safetensors") {
-        EXPECT_THROW(load_checkpoint(dir, layout, /*weights_only=*/true), CheckpointError);
+      if (model) {
+        EXPECT_THROW(load_checkpoint(good, layout, /*weights_only=*/true), CheckpointError);
       } else {
-        EXPECT_EQ(load_checkpoint(dir, layout, /*weights_only=*/true).params, data.params);  // moments unread
+        EXPECT_EQ(load_checkpoint(good, layout, /*weights_only=*/true).params, full_checkpoint(layout, 6).params);  // moments unread
       }
+      write_bytes(good / file, original);
     }
   }
 }

@@ -1,8 +1,10 @@
 // Work that must never be lost: inputs checked before the first step, the final checkpoint
 // written before anything that can still fail, SIGHUP stopping like SIGTERM, another run's
-// records left alone, the checkpoint directory checked at start, no step logged twice.
+// records left alone, the checkpoint directory checked at start, no step logged twice, no
+// non-finite checkpoint.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <fstream>
 #include <map>
@@ -105,4 +107,29 @@ TEST_F(RunSafetyTest, ResumeBeforeAnyCheckpointLogsEveryStepOnce) {
     if (record["event"] == "train") ++logged[record["step"].get<long>()];
   }
   EXPECT_EQ(logged, (std::map<long, int>{{1, 1}, {2, 1}, {3, 1}, {4, 1}}));
+}
+
+// An update that blows the weights up to infinity (as optim.lr = 1e300 does) writes no
+// checkpoint of them: the run fails naming the tensor, the last good checkpoint stays the newest.
+TEST_F(RunSafetyTest, ADivergedRunWritesNoNonFiniteCheckpoint) {
+  config_.train.steps = 4;
+  config_.train.checkpoint_every = 1;
+  {
+    Trainer good(config_, options("run", "", 2));
+    good.train();
+  }
+  // Finite moments so large that the next update overflows the weights.
+  const auto checkpoint = *latest_checkpoint(dir_ / "run");
+  {
+    Trainer reader(config_, options("reader"));
+    CheckpointData data = load_checkpoint(checkpoint, reader.model().layout());
+    std::fill(data.adam_m.begin(), data.adam_m.end(), 1e38f);
+    save_checkpoint(dir_ / "run", reader.model().layout(), data, 2);
+  }
+  Trainer diverging(config_, options("run", "auto"));
+  const std::string message = thrown_message<CheckpointError>([&] { diverging.train(); });
+  EXPECT_NE(message.find("step 3: tensor '"), std::string::npos) << message;
+  EXPECT_NE(message.find("non-finite values"), std::string::npos) << message;
+  EXPECT_NE(message.find("no checkpoint written"), std::string::npos) << message;
+  EXPECT_EQ(latest_checkpoint(dir_ / "run")->filename(), "step_00000002");
 }
