@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/bounded_json.hpp"
 #include "data/corpus_reader_sources.hpp"
 #include "data/corpus_reader_tar.hpp"
 #include "data/regular_file.hpp"
@@ -59,7 +60,7 @@ class CorpusWalker {
       const std::string where = name + ":" + std::to_string(line_number);
       nlohmann::json object;
       try {
-        object = nlohmann::json::parse(line);
+        object = parse_json(line);
       } catch (const nlohmann::json::exception& e) {
         throw DataError(where + ": not valid JSON (" + e.what() + ")");
       }

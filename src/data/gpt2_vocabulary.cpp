@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/bounded_json.hpp"
 #include "data/gpt2_byte_unicode.hpp"
 #include "data/gpt2_sha256.hpp"
 #include "data/regular_file.hpp"
@@ -78,7 +79,7 @@ std::vector<std::string> token_bytes_from_encoder(const BpeRanks& ranks, const s
                                                   const std::filesystem::path& path) {
   nlohmann::json encoder;
   try {
-    encoder = nlohmann::json::parse(encoder_json);
+    encoder = parse_json(encoder_json);
   } catch (const nlohmann::json::exception& e) {
     throw TokenizerError(path.string() + ": not valid JSON: " + e.what());
   }

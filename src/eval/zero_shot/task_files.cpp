@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "config/bounded_json.hpp"
 #include "pope/data.hpp"
 
 namespace pope::zero_shot {
@@ -95,7 +96,7 @@ std::vector<JsonRecord> read_jsonl(const std::filesystem::path& path) {
   std::vector<JsonRecord> records;
   for (std::size_t i = 0; i < lines.size(); ++i) {
     if (blank(lines[i])) continue;
-    JsonRecord record(path, long(i) + 1, nlohmann::json::parse(lines[i], nullptr, false));
+    JsonRecord record(path, long(i) + 1, parse_json(lines[i], nullptr, false));
     if (record.value().is_discarded()) record.fail("not valid JSON (expected one JSON object per line)");
     if (!record.value().is_object()) record.fail(fmt::format("{} where a JSON object was expected",
                                                              type_name(record.value())));
