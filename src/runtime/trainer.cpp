@@ -82,7 +82,6 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
     } catch (const RunLockError& error) {
       throw ConfigError("--out", error.what());
     }
-    if (options_.write_checkpoints) create_checkpoint_directory(run_dir_);
   }
 
   // Decide what to resume from before writing anything in the run directory.
@@ -165,7 +164,11 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
       model_->initialize(config_.train.seed);
     }
   }
-  if (is_root()) write_file_atomic(run_dir_ / "config.json", config_to_json(config_).dump(2) + "\n");
+  if (is_root()) {
+    // After every other start-up check (a refused start leaves no checkpoints/), before the first step.
+    if (options_.write_checkpoints) create_checkpoint_directory(run_dir_);
+    write_file_atomic(run_dir_ / "config.json", config_to_json(config_).dump(2) + "\n");
+  }
 
   logger->info("pope-train: {} | {} parameters ({:.1f}M) | position {} | run dir {}", backend_->description(),
                model_->parameter_count(), double(model_->parameter_count()) / 1e6, config_.model.position.kind,
