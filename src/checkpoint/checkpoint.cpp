@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "checkpoint/atomic_file.hpp"
+#include "config/bounded_json.hpp"
 #include "pope/checkpoint.hpp"
 
 namespace pope {
@@ -404,7 +405,7 @@ TrainerState read_trainer_state(const fs::path& step_dir) {
     throw CheckpointError(fmt::format("checkpoint {} is incomplete: missing {}", step_dir, kTrainerFile));
   nlohmann::json state_json;
   try {
-    state_json = nlohmann::json::parse(read_text_file(trainer_file));
+    state_json = parse_json(read_text_file(trainer_file));
   } catch (const nlohmann::json::exception& error) {
     throw CheckpointError(fmt::format("{} is not valid JSON: {}", trainer_file, error.what()));
   }

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "checkpoint/atomic_file.hpp"
+#include "config/bounded_json.hpp"
 #include "pope/checkpoint.hpp"
 
 namespace pope {
@@ -222,7 +223,7 @@ SafetensorsContents read_safetensors(const std::filesystem::path& path) {
 
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(header_text);
+    header = parse_json(header_text);
   } catch (const nlohmann::json::exception& error) {
     fail(path, fmt::format("header is not valid JSON: {}", error.what()));
   }

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "checkpoint/run_lock.hpp"
+#include "config/bounded_json.hpp"
 #include "pope/distributed.hpp"
 #include "pope/sample.hpp"
 #include "pope/train_step.hpp"
@@ -249,7 +250,7 @@ void Trainer::drop_metrics_from(long first_replayed_step) {
   std::ostringstream kept;
   long dropped = 0;
   for (std::string line; std::getline(in, line);) {
-    const auto record = nlohmann::json::parse(line, nullptr, false);
+    const auto record = parse_json(line, nullptr, false);
     if (!record.is_discarded() && record.is_object() && record.value("step", 0L) < first_replayed_step)
       kept << line << '\n';
     else

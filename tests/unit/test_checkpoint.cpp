@@ -119,6 +119,10 @@ TEST(Safetensors, EveryCorruptionIsACheckpointErrorNamingTheFile) {
       {"gap", R"({"t": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8, "starts at data offset 4"},
       {"trailing bytes", "{" + f32_12 + "}", 20, "8 bytes unaccounted"},
       {"metadata not strings", "{" + f32_12 + R"(, "__metadata__": {"step": 3}})", 12, "metadata 'step'"},
+      // Nesting this deep overflowed the stack wherever the value was copied or quoted.
+      {"nested 100,000 deep", "{" + f32_12 + R"(, "__metadata__": {"x": )" + std::string(100000, '[') +
+                                  std::string(100000, ']') + "}}",
+       12, "not valid JSON"},
   };
   for (const auto& c : cases) {
     write_raw_safetensors(path, c.header, c.data_bytes);
