@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "eval/split_text.hpp"
 #include "pope/eval.hpp"
 
 namespace pope {
@@ -23,17 +24,6 @@ int parse_length(const std::string& text, const std::string& spec) {
                                                "a comma-separated list or one length)",
                                                text, spec));
   return value;
-}
-
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  for (std::size_t at = text.find(separator); at != std::string::npos; at = text.find(separator, start)) {
-    parts.push_back(text.substr(start, at - start));
-    start = at + 1;
-  }
-  parts.push_back(text.substr(start));
-  return parts;
 }
 
 // Each length is a pass over all the data, so more than kMaxEvalLengths of them is a typo (a
@@ -54,7 +44,7 @@ double ratio(double numerator, double denominator) {
 std::vector<int> parse_lengths(const std::string& spec) {
   std::vector<int> lengths;
   if (spec.find(':') != std::string::npos) {
-    const auto parts = split(spec, ':');
+    const auto parts = split_text(spec, ':');
     if (parts.size() != 3)
       throw ConfigError("--lengths", fmt::format("'{}': expected FIRST:LAST:STEP, e.g. 1024:10240:1024", spec));
     const int first = parse_length(parts[0], spec), last = parse_length(parts[1], spec),
@@ -64,7 +54,7 @@ std::vector<int> parse_lengths(const std::string& spec) {
     check_length_count(spec, (std::int64_t(last) - first) / step + 1);
     for (long length = first; length <= last; length += step) lengths.push_back(int(length));
   } else {
-    const auto parts = split(spec, ',');
+    const auto parts = split_text(spec, ',');
     check_length_count(spec, std::int64_t(parts.size()));
     for (const auto& part : parts) lengths.push_back(parse_length(part, spec));
   }

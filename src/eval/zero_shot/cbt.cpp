@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "eval/split_text.hpp"
 #include "eval/zero_shot/task_files.hpp"
 #include "pope/data.hpp"
 #include "pope/zero_shot.hpp"
@@ -17,17 +18,6 @@ namespace pope {
 namespace {
 
 constexpr int kContextLines = 20;
-
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  for (std::size_t at = text.find(separator); at != std::string::npos; at = text.find(separator, start)) {
-    parts.push_back(text.substr(start, at - start));
-    start = at + 1;
-  }
-  parts.push_back(text.substr(start));
-  return parts;
-}
 
 // "cbt_cn" for cbtest_CN_test_2500ex.txt: the word class names the report.
 std::string cbt_name(const std::filesystem::path& path) {
@@ -65,7 +55,7 @@ class CbtParser {
       passage += numbered(lines[first + std::size_t(n) - 1], first + std::size_t(n), n);
     }
     const std::size_t line = first + kContextLines + 1;
-    const std::vector<std::string> fields = split(numbered(lines[line - 1], line, kContextLines + 1), '\t');
+    const std::vector<std::string> fields = split_text(numbered(lines[line - 1], line, kContextLines + 1), '\t');
     if (fields.size() != 4 || !fields[2].empty())
       fail(line, "expected 'question<TAB>answer<TAB><TAB>cand1|cand2|…' on the question line");
     const std::string& question = fields[0];
@@ -75,7 +65,7 @@ class CbtParser {
     example.line = long(line);
     example.context = passage + " " + question.substr(0, blank);
     const std::string rest = question.substr(blank + 5);
-    const std::vector<std::string> candidates = split(fields[3], '|');
+    const std::vector<std::string> candidates = split_text(fields[3], '|');
     if (candidates.size() < 2) fail(line, fmt::format("{} candidates, expected at least 2", candidates.size()));
     example.gold = -1;
     for (std::size_t i = 0; i < candidates.size(); ++i) {
