@@ -37,3 +37,13 @@ with open(path, "wb") as f:
     out.tofile(f)
 PY
 }
+
+# Skips the test (exit 77) unless the tokenizer files are fetched and this build can tokenize
+# (a build without PCRE2 cannot); exports POPE_TOKENIZER_DIR for the tools.
+require_tokenizer() {
+  [ -f "$POPE_SOURCE_DIR/data/tokenizer/encoder.json" ] ||
+    { echo "SKIP: tokenizer files missing: run scripts/fetch_tokenizer.sh"; exit 77; }
+  export POPE_TOKENIZER_DIR="$POPE_SOURCE_DIR/data/tokenizer"
+  "$POPE_BIN/pope-data" encode x >/dev/null 2>&1 ||
+    { echo "SKIP: this build cannot tokenize: $("$POPE_BIN/pope-data" encode x 2>&1 | tail -1)"; exit 77; }
+}

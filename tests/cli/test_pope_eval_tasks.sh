@@ -8,11 +8,7 @@ source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 EVAL="$POPE_BIN/pope-eval"
 [ -x "$TRAIN" ] && [ -x "$EVAL" ] || { echo "SKIP: pope-train or pope-eval not built"; exit 77; }
-[ -f "$POPE_SOURCE_DIR/data/tokenizer/encoder.json" ] ||
-  { echo "SKIP: tokenizer files missing: run scripts/fetch_tokenizer.sh"; exit 77; }
-export POPE_TOKENIZER_DIR="$POPE_SOURCE_DIR/data/tokenizer"
-"$POPE_BIN/pope-data" encode x >/dev/null 2>&1 ||
-  { echo "SKIP: this build cannot tokenize: $("$POPE_BIN/pope-data" encode x 2>&1 | tail -1)"; exit 77; }
+require_tokenizer
 FIX="$POPE_SOURCE_DIR/tests/data/zero_shot"
 
 make_tokens "$SCRATCH/train.bin" 20000 1

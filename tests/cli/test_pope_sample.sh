@@ -7,11 +7,7 @@ source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 SAMPLE="$POPE_BIN/pope-sample"
 [ -x "$TRAIN" ] && [ -x "$SAMPLE" ] || { echo "SKIP: pope-train or pope-sample not built"; exit 77; }
-[ -f "$POPE_SOURCE_DIR/data/tokenizer/encoder.json" ] ||
-  { echo "SKIP: tokenizer files missing: run scripts/fetch_tokenizer.sh"; exit 77; }
-export POPE_TOKENIZER_DIR="$POPE_SOURCE_DIR/data/tokenizer"
-"$POPE_BIN/pope-data" encode x >/dev/null 2>&1 ||
-  { echo "SKIP: this build cannot tokenize: $("$POPE_BIN/pope-data" encode x 2>&1 | tail -1)"; exit 77; }
+require_tokenizer
 
 make_tokens "$SCRATCH/train.bin" 40000 1
 cat >"$SCRATCH/tiny.json" <<JSON
