@@ -40,20 +40,21 @@ class FileDescriptor {
   int fd_;
 };
 
-void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& temp_path) {
+// Errors name `path`, the file the user asked for: the temporary file is removed on failure.
+void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& path) {
   while (!bytes.empty()) {
     const ssize_t written = ::write(fd, bytes.data(), bytes.size());
     if (written < 0) {
       if (errno == EINTR) continue;
-      throw AtomicWriteError(fmt::format("cannot write {}: {}", temp_path, errno_text()));
+      throw AtomicWriteError(fmt::format("cannot write {}: {}", path, errno_text()));
     }
     bytes = bytes.subspan(static_cast<std::size_t>(written));
   }
 }
 
-void write_and_sync(const std::filesystem::path& temp_path, int fd, std::span<const std::span<const std::byte>> pieces) {
-  for (const auto& piece : pieces) write_all(fd, piece, temp_path);
-  if (::fsync(fd) != 0) throw AtomicWriteError(fmt::format("cannot fsync {}: {}", temp_path, errno_text()));
+void write_and_sync(const std::filesystem::path& path, int fd, std::span<const std::span<const std::byte>> pieces) {
+  for (const auto& piece : pieces) write_all(fd, piece, path);
+  if (::fsync(fd) != 0) throw AtomicWriteError(fmt::format("cannot fsync {}: {}", path, errno_text()));
 }
 
 // What a non-regular file is, for the message refusing to replace it.
@@ -126,8 +127,8 @@ void write_bytes_atomic(const std::filesystem::path& requested_path,
     }();
     if (::fchmod(fd.get(), 0666 & ~mask) != 0)
       throw AtomicWriteError(fmt::format("cannot set permissions of {}: {}", temp_path, errno_text()));
-    write_and_sync(temp_path, fd.get(), pieces);
-    if (fd.close() != 0) throw AtomicWriteError(fmt::format("cannot close {}: {}", temp_path, errno_text()));
+    write_and_sync(path, fd.get(), pieces);
+    if (fd.close() != 0) throw AtomicWriteError(fmt::format("cannot close {}: {}", path, errno_text()));
     if (::rename(temp_path.c_str(), path.c_str()) != 0)
       throw AtomicWriteError(fmt::format("cannot rename {} to {}: {}", temp_path, path, errno_text()));
   } catch (...) {
