@@ -18,6 +18,7 @@
 #include "tools/enum_option.hpp"
 #include "tools/number_checks.hpp"
 #include "tools/output_file.hpp"
+#include "tools/version.hpp"
 
 namespace {
 
@@ -43,12 +44,13 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
       ->check(pope::tools::one_of_names<pope::DeviceChoice>());
   train->add_option("--steps", cmd.options.timed_steps, "timed optimizer steps (median reported)")
       ->default_val(10)
-      ->check(pope::tools::kPositive);
+      ->check(pope::tools::integer_check(cmd.options.timed_steps, 1));
   train->add_option("--warmup", cmd.options.warmup_steps, "untimed steps first")
       ->default_val(3)
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::integer_check(cmd.options.warmup_steps, 0));
   train->add_option("--seed", cmd.options.seed, "seed of the random tokens (and of --dump-step's jitter)")
-      ->default_val(1337);
+      ->default_val(1337)
+      ->check(pope::tools::integer_check(cmd.options.seed));
   train->add_flag("--data", cmd.options.use_data, "random windows of data.train instead of random tokens");
   train->add_flag("--profile", cmd.options.profile,
                   "then one more step with the device time of every backend op (between timed fences: CUDA events "
@@ -87,16 +89,17 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
       ->default_str("nope,rope,pope,alibi,full,pj_rotary,xpos,t5_bias");
   attention->add_option("--lengths", cmd.options.lengths, "sequence lengths T, each ≤ --tokens")
       ->delimiter(',')
+      ->check(pope::tools::integer_check(cmd.options.lengths, 1))
       ->default_str("1024,4096,10240,16384");
-  attention->add_option("--tokens", cmd.options.tokens, "tokens per run: B = ⌊tokens / T⌋")->default_val(16384)->check(pope::tools::kPositive);
-  attention->add_option("--heads", cmd.options.n_head, "heads H")->default_val(12)->check(pope::tools::kPositive);
-  attention->add_option("--head-dim", cmd.options.head_dim, "head dimension d")->default_val(64)->check(pope::tools::kPositive);
+  attention->add_option("--tokens", cmd.options.tokens, "tokens per run: B = ⌊tokens / T⌋")->default_val(16384)->check(pope::tools::integer_check(cmd.options.tokens, 1));
+  attention->add_option("--heads", cmd.options.n_head, "heads H")->default_val(12)->check(pope::tools::integer_check(cmd.options.n_head, 1));
+  attention->add_option("--head-dim", cmd.options.head_dim, "head dimension d")->default_val(64)->check(pope::tools::integer_check(cmd.options.head_dim, 1));
   attention->add_option("--warmup", cmd.options.warmup, "untimed forward+backward calls first")
       ->default_val(5)
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::integer_check(cmd.options.warmup, 0));
   attention->add_option("--repeats", cmd.options.repeats, "timed calls per phase (median reported)")
       ->default_val(30)
-      ->check(pope::tools::kPositive);
+      ->check(pope::tools::integer_check(cmd.options.repeats, 1));
   attention->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
       ->check(pope::tools::kOutputFile);
   attention->add_option("--impl", cmd.impl,
@@ -157,13 +160,13 @@ void add_sample_command(CLI::App& app, SampleCommand& cmd) {
   sample->add_option("--device", cmd.device, "auto | cpu | cuda (overrides train.device)")
       ->check(pope::tools::one_of_names<pope::DeviceChoice>());
   sample->add_option("--batch", cmd.options.batch, "sequences decoded together (default 1)")
-      ->check(pope::tools::in_range(1, 4096, "BATCH"));
+      ->check(pope::tools::integer_check(cmd.options.batch, 1, 4096));
   sample->add_option("--prompt-tokens", cmd.options.prompt_tokens, "prompt length (default 128)")
-      ->check(pope::tools::in_range(1, 1 << 20, "TOKENS"));
+      ->check(pope::tools::integer_check(cmd.options.prompt_tokens, 1, 1 << 20));
   sample->add_option("--new-tokens", cmd.options.new_tokens, "decode steps (default 256)")
-      ->check(pope::tools::in_range(1, 1 << 20, "TOKENS"));
+      ->check(pope::tools::integer_check(cmd.options.new_tokens, 1, 1 << 20));
   sample->add_option("--rounds", cmd.options.rounds, "timed generations after one untimed (median; default 3)")
-      ->check(pope::tools::in_range(1, 1000, "ROUNDS"));
+      ->check(pope::tools::integer_check(cmd.options.rounds, 1, 1000));
   sample->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
       ->check(pope::tools::kOutputFile);
 }
@@ -203,6 +206,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("encodings",
                      "List every model.position.kind (aliases left out), one per line: the name, a tab, what it "
                      "is. Scripts that run every encoding read this list.");
+  pope::tools::finish_cli(app, "pope-bench");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -19,6 +19,7 @@
 #include "pope/data.hpp"
 #include "pope/tokenizer.hpp"
 #include "tools/number_checks.hpp"
+#include "tools/version.hpp"
 
 namespace {
 
@@ -120,18 +121,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   tokenize->add_option("--seed", options.seed, "seed of the document-level split")
       ->capture_default_str()
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::integer_check(options.seed));
   tokenize->add_option("--shard-tokens", options.shard_tokens,
                        "tokens per llm.c shard ({train,val}_NNNNNN.bin); 0: one train.bin and one val.bin")
       ->capture_default_str()
-      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{2147483647}));
+      ->check(pope::tools::integer_check(options.shard_tokens, 0, 2147483647));
   tokenize->add_flag("--per-document", options.per_document,
                      "one token file per document, named after its file, no split (e.g. evaluation books)");
   tokenize->add_option("--text-field", options.read.text_field, "JSONL field holding the text")->capture_default_str();
   tokenize->add_option("-j,--threads", options.threads,
                        "threads (at most " + std::to_string(pope::kMaxThreads) + "; 0: every core)")
       ->capture_default_str()
-      ->check(pope::tools::kThreads);
+      ->check(pope::tools::threads_check(options.threads));
   tokenize->add_flag("--overwrite", options.overwrite, "replace token files already in the output directory");
   tokenize->add_flag("-q,--quiet", quiet, "no progress bar and no summary");
 
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
   inspect->add_option("file", inspect_file, "llm.c or nanoGPT token file")->required()->check(CLI::ExistingFile);
   inspect->add_option("-n,--count", inspect_count, "tokens to show")
       ->capture_default_str()
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::integer_check(inspect_count));
 
   auto* decode = app.add_subcommand("decode", "write the text of a token file (or of --ids) to stdout");
   std::string decode_file;
@@ -152,8 +153,11 @@ int main(int argc, char** argv) {
       decode->add_option("--ids", "ids to decode instead, e.g. 15496,995")
           ->type_name("ID,ID,...")
           ->check(CLI::Validator([&](std::string& text) { return parse_id_list(text, decode_id_values); }, ""));
-  decode->add_option("--start", decode_start, "first token")->capture_default_str()->check(pope::tools::kNonNegative);
-  decode->add_option("-n,--count", decode_count, "number of tokens (default: all)")->check(pope::tools::kNonNegative);
+  decode->add_option("--start", decode_start, "first token")
+      ->capture_default_str()
+      ->check(pope::tools::integer_check(decode_start));
+  decode->add_option("-n,--count", decode_count, "number of tokens (default: all)")
+      ->check(pope::tools::integer_check(decode_count));
 
   auto* encode = app.add_subcommand("encode", "print the GPT-2 ids of a text as a JSON array");
   std::string encode_text, encode_file;
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile)
       ->excludes(text_option);
   encode->add_flag("--allow-special", allow_special, "read <|endoftext|> as the special token 50256");
+  pope::tools::finish_cli(app, "pope-data");
 
   try {
     app.parse(argc, argv);

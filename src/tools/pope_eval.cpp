@@ -27,6 +27,7 @@
 #include "tools/enum_option.hpp"
 #include "tools/number_checks.hpp"
 #include "tools/output_file.hpp"
+#include "tools/version.hpp"
 
 namespace {
 
@@ -373,17 +374,17 @@ int main(int argc, char** argv) {
                                          "most " + std::to_string(pope::kMaxEvalLengths) + " lengths");
   app.add_option("--tail", o.sweep.tail, "also report the perplexity of the last N positions of each window")
       ->default_val(1024)
-      ->check(pope::tools::kPositive);
+      ->check(pope::tools::integer_check(o.sweep.tail, 1));
   app.add_option("--max-batch-tokens", o.sweep.max_batch_tokens,
                  "tokens per forward at most (windows × length; at least one window). Activation memory grows "
                  "with it: about n_layer × 16 × n_embd values per token (124M in bf16: ≈ 0.3 MB/token)")
       ->default_val(32768)
-      ->check(pope::tools::kPositive);
+      ->check(pope::tools::integer_check(o.sweep.max_batch_tokens, 1));
   app.add_option("--max-windows", o.sweep.max_windows, "evaluate N windows per length spread evenly over the data "
                                                        "(the trainer's validation choice with N = eval_batches × "
                                                        "micro_batch_size); 0: all windows")
       ->default_val(0)
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::integer_check(o.sweep.max_windows));
   // Unset flags keep the checkpoint's values: each is read into a plain value and copied into
   // the optional override only when it was given. The values are checked here, with the
   // bounds of their config keys, so that a refusal names the flag and not the run's config.
@@ -394,11 +395,11 @@ int main(int argc, char** argv) {
           ->check(CLI::IsMember({"none", "pi", "ntk", "dynamic-ntk", "dynamic_ntk", "yarn"}));
   auto* rope_factor_flag =
       app.add_option("--rope-factor", rope_factor, "scaling factor s >= 1 for --rope-scaling pi, ntk and yarn (e.g. 4)")
-          ->check(pope::tools::at_least(1, "FACTOR"));
+          ->check(pope::tools::at_least(1));
   auto* yarn_alpha_flag = app.add_option("--yarn-alpha", yarn_alpha, "--rope-scaling yarn: ramp start α (default 1)")
                               ->check(pope::tools::kNonNegative);
   auto* yarn_beta_flag = app.add_option("--yarn-beta", yarn_beta, "--rope-scaling yarn: ramp end β > α (default 32)")
-                             ->check(pope::tools::above(0, "BETA"));
+                             ->check(pope::tools::above(0));
   auto* yarn_temperature_flag = app.add_option("--yarn-temperature", yarn_temperature,
                                                "--rope-scaling yarn: q/k multiplier t (default 0: 0.1·ln s + 1)")
                                     ->check(pope::tools::kNonNegative);
@@ -407,7 +408,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "auto | cpu | cuda")->check(pope::tools::one_of_names<pope::DeviceChoice>());
   app.add_option("--threads", o.threads, "CPU threads (at most " + std::to_string(pope::kMaxThreads) +
                                          "); 0: all cores")
-      ->check(pope::tools::kThreads);
+      ->check(pope::tools::threads_check(o.threads));
   app.add_option("--csv", o.csv, "write one row per checkpoint × length")->check(pope::tools::kOutputFile);
   app.add_option("--json", o.json, "write the results and settings as JSON")->check(pope::tools::kOutputFile);
   app.add_option("--plot", o.plot, "write a PNG of perplexity versus length (needs gnuplot)")
@@ -416,7 +417,7 @@ int main(int argc, char** argv) {
                                            "write --plot; no evaluation");
   app.add_option("--train-len", o.train_len, "plot: mark only this training length (default: each curve's "
                                              "train.seq_len)")
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::integer_check(o.train_len, 0));
   app.add_flag("-q,--quiet", o.quiet, "no progress lines");
   std::vector<std::string> task_names{"indirect_indexing", "zero-shot-suite"};
   for (const pope::TaskDefinition& d : pope::task_definitions()) task_names.emplace_back(d.name);
@@ -439,6 +440,7 @@ int main(int argc, char** argv) {
                "default the training length) and affine slopes per layer and head; with --data also leave-one-order-"
                "and leave-one-sector-out ΔNLL on up to --max-windows (default 256) windows of length L; --json "
                "writes it");
+  pope::tools::finish_cli(app, "pope-eval");
   try {
     app.parse(argc, argv);
     // A scaling parameter is only read by the kinds named in its help; given for another kind

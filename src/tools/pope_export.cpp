@@ -14,6 +14,7 @@
 #include "pope/config.hpp"
 #include "pope/export.hpp"
 #include "tools/console_log.hpp"
+#include "tools/version.hpp"
 
 namespace {
 
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
                                         "data/tokenizer above the working directory. Written only for a model with "
                                         "GPT-2's 50,257-token vocabulary; such a model needs them or --no-tokenizer");
   app.add_flag("--no-tokenizer", no_tokenizer, "write no tokenizer files")->excludes(tokenizer_flag);
+  pope::tools::finish_cli(app, "pope-export");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -25,6 +25,7 @@
 #include "tools/enum_option.hpp"
 #include "tools/number_checks.hpp"
 #include "tools/output_file.hpp"
+#include "tools/version.hpp"
 
 namespace {
 
@@ -206,19 +207,19 @@ int main(int argc, char** argv) {
   app.add_option("--max-new-tokens", o.max_new_tokens,
                  fmt::format("tokens to generate per sample (default 256; prompt + new tokens at most {})",
                              kMaxPositions))
-      ->check(pope::tools::in_range(0, double(kMaxPositions), "TOKENS"));
+      ->check(pope::tools::integer_check(o.max_new_tokens, 0, kMaxPositions));
   app.add_option("--temperature", o.sampling.temperature, "softmax temperature; 0: greedy (default 1)")
-      ->check(pope::tools::at_least(0, "TEMPERATURE"));
+      ->check(pope::tools::at_least(0));
   app.add_option("--top-k", o.sampling.top_k, "sample from the k most likely tokens only; 0: all (default)")
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::integer_check(o.sampling.top_k, 0));
   app.add_option("--top-p", o.sampling.top_p, "nucleus sampling: the fewest most likely tokens reaching probability "
                                               "p, in (0, 1] (default 1: all)");
   app.add_option("--seed", o.seed, "random seed; sample i uses seed + i (default 1337)")
-      ->check(pope::tools::kNonNegative);
+      ->check(pope::tools::integer_check(o.seed));
   app.add_option("--num-samples", o.num_samples, fmt::format("samples to draw, one after another (default 1, at "
                                                              "most {})",
                                                              kMaxSamples))
-      ->check(pope::tools::in_range(1, kMaxSamples, "SAMPLES"));
+      ->check(pope::tools::integer_check(o.num_samples, 1, kMaxSamples));
   app.add_option("--stop", o.stops, "end a sample where this text appears (not printed); may be repeated")
       ->each([](const std::string& s) {
         if (s.empty()) throw CLI::ValidationError("--stop", "an empty stop string would end every sample at once");
@@ -230,11 +231,12 @@ int main(int argc, char** argv) {
   app.add_option("--set", o.overrides, "override a model.* key of the checkpoint's config, e.g. "
                                        "model.position.rope.scaling.kind=dynamic_ntk");
   app.add_option("--device", o.device, "auto | cpu | cuda")->check(pope::tools::one_of_names<pope::DeviceChoice>());
-  app.add_option("--threads", o.threads, "CPU threads; 0: all cores")->check(pope::tools::kThreads);
+  app.add_option("--threads", o.threads, "CPU threads; 0: all cores")->check(pope::tools::threads_check(o.threads));
   app.add_option("--tokenizer-dir", o.tokenizer_dir, "directory with encoder.json and vocab.bpe (default: "
                                                      "$POPE_TOKENIZER_DIR, else data/tokenizer above the working "
                                                      "directory)");
   app.add_flag("-q,--quiet", o.quiet, "no information lines on stderr (the text still streams to stdout)");
+  pope::tools::finish_cli(app, "pope-sample");
   try {
     app.parse(argc, argv);
     o.prompt_given = prompt->count() > 0;

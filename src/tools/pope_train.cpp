@@ -23,6 +23,7 @@
 #include "tools/enum_option.hpp"
 #include "tools/number_checks.hpp"
 #include "tools/text_checks.hpp"
+#include "tools/version.hpp"
 
 namespace {
 
@@ -83,12 +84,13 @@ int main(int argc, char** argv) {
       ->check(pope::tools::one_of_names<pope::DeviceChoice>());
   app.add_option("--stop-at", stop_at, "checkpoint and exit 0 after this global step (time-sliced jobs; the LR "
                                       "schedule still spans train.steps)")
-      ->check(pope::tools::kPositive);
+      ->check(pope::tools::integer_check(stop_at, 1));
   app.add_flag("--no-checkpoints", no_checkpoints,
                "write no checkpoint, not even at the end (benchmark and scaling runs); the run cannot be resumed")
       ->excludes("--stop-at");
   app.add_flag("--dry-run", dry_run, "print the resolved config, parameter count and batch plan, then exit");
   app.add_flag("-q,--quiet", quiet, "only warnings and errors on the console");
+  pope::tools::finish_cli(app, "pope-train");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

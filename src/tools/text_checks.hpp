@@ -10,6 +10,6 @@ namespace pope::tools {
 
 inline const CLI::Validator kNonEmpty(
     [](std::string& text) -> std::string { return text.empty() ? "expected a non-empty value" : std::string(); },
-    "TEXT", "NonEmpty");
+    "", "NonEmpty");
 
 }  // namespace pope::tools

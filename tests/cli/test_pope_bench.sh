@@ -72,9 +72,9 @@ done
 
 # Errors: exit 2 naming what is wrong.
 expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 0
-expect_output "--steps: expected a number >= 1, got 0"
+expect_output "--steps: expected an integer from 1 to 2147483647, got 0"
 expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --warmup -2
-expect_output "--warmup: expected a number >= 0, got -2"
+expect_output "--warmup: expected an integer from 0 to 2147483647, got -2"
 expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --set model.bogus=1
 expect_output "model.bogus"
 expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --data

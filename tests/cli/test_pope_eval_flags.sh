@@ -40,13 +40,13 @@ expect_exit 0 "$EVAL" "${ARGS[@]}" --lengths "16,$(seq -s, 2001 3023)" --max-win
 expect_output "    3023        0"
 
 expect_exit 2 "$EVAL" "${ARGS[@]}" --lengths 16 --threads 100000
-expect_output "--threads: expected a number from 0 to 1024, got 100000"
+expect_output "--threads: expected an integer from 0 to 1024, got 100000"
 expect_exit 2 "$EVAL" "${ARGS[@]}" --lengths 16 --threads -1
-expect_output "--threads: expected a number from 0 to 1024, got -1"
+expect_output "--threads: expected an integer from 0 to 1024, got -1"
 expect_exit 0 "$EVAL" "${ARGS[@]}" --lengths 16 --threads 1024 --max-windows 1
 
 expect_exit 2 "$EVAL" "${ARGS[@]}" --lengths 16 --max-windows -5
-expect_output "--max-windows: expected a number >= 0, got -5"
+expect_output "--max-windows: expected an integer from 0 to 18446744073709551615, got -5"
 
 # Scaling parameters need the --rope-scaling kind that reads them.
 expect_exit 2 "$EVAL" "${ARGS[@]}" --lengths 16 --rope-factor 4
