@@ -53,8 +53,8 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
       ->check(pope::tools::integer_check(cmd.options.seed));
   train->add_flag("--data", cmd.options.use_data, "random windows of data.train instead of random tokens");
   train->add_flag("--profile", cmd.options.profile,
-                  "then one more step with the device time of every backend op (between timed fences: CUDA events "
-                  "on the GPU, nothing synchronised in between)");
+                  "then one more step with the time of every backend op: on the GPU its device time between two CUDA "
+                  "events (nothing synchronised in between), on the CPU the host time of its call");
   train->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
       ->check(pope::tools::kOutputFile);
   train->add_option("--dump-step", cmd.dump_path,

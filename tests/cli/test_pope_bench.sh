@@ -69,6 +69,9 @@ for what in "Profile of one eager step" "| matmul |" "| attention_backward |" "|
   "out \\[64, 64\\] = a \\[64, 32\\] · bᵀ \\[64, 32\\]"; do
   expect_output "$what"
 done
+# On the CPU the profile names the host clock it reads, not the GPU's CUDA events.
+expect_output "host time of each op, from the steady clock"
+! grep -q "CUDA events" "$SCRATCH/out" || fail "the CPU profile speaks of CUDA events"
 
 # Errors: exit 2 naming what is wrong.
 expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 0

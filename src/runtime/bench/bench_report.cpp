@@ -38,11 +38,15 @@ std::vector<OpTime> totals_per_op(const std::vector<OpTime>& profile) {
 std::string format_profile(const TrainBenchResult& r) {
   double op_sum = 0.0;
   for (const OpTime& t : r.profile) op_sum += t.seconds;
+  // A GPU op is timed where the device reaches its fences; a CPU op has finished when its call
+  // returns, so its fences read the host clock (backend.hpp, TimedFence).
+  const char* timing = r.on_gpu ? "device time of each op between two CUDA events, nothing synchronised in between"
+                                : "host time of each op, from the steady clock before and after its call";
+  const char* rest = r.on_gpu ? "the device idle between ops, waiting for the host" : "the host's work between ops";
   std::string out = fmt::format(
-      "\nProfile of one eager step: device time of each op between timed fences (CUDA events), nothing\n"
-      "synchronised in between ({:.1f} ms wall; the ops sum to {:.1f} ms, the rest is the device idle between\n"
-      "ops, waiting for the host).\n\n| op | calls | ms | % of ops |\n|---|---:|---:|---:|\n",
-      r.profiled_step_seconds * 1e3, op_sum * 1e3);
+      "\nProfile of one eager step: {}\n({:.1f} ms wall; the ops sum to {:.1f} ms, the rest is {}).\n\n"
+      "| op | calls | ms | % of ops |\n|---|---:|---:|---:|\n",
+      timing, r.profiled_step_seconds * 1e3, op_sum * 1e3, rest);
   for (const OpTime& t : totals_per_op(r.profile))
     out += fmt::format("| {} | {} | {:.2f} | {:.1f} |\n", t.op, t.calls, t.seconds * 1e3,
                        op_sum > 0 ? 100.0 * t.seconds / op_sum : 0.0);
