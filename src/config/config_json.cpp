@@ -1,5 +1,6 @@
 // RunConfig <-> JSON, and `a.b.c=value` overrides of the JSON form. Every key is handled
 // through the schema table; nothing here names an individual key.
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -7,8 +8,11 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -123,25 +127,89 @@ std::string join_path(const std::string& section, const std::string& key) {
   return section.empty() ? key : section + "." + key;
 }
 
+// Edits (insertions, deletions, substitutions, swaps of neighbours) turning `a` into `b`:
+// the optimal string alignment distance, which counts "trian" for "train" as one typo.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+std::string_view last_part(std::string_view path) { return path.substr(path.rfind('.') + 1); }
+
+// Keys and sections spelled close to `path` (a typo: at most one edit per three letters of
+// its last part, at most two), or ending in the same key (optim.lr for train.lr); nearest first.
+std::vector<std::string> close_keys(const std::string& path) {
+  std::vector<std::string> candidates;
+  for (const config_schema::Field& field : config_schema::fields()) {
+    for (std::size_t dot = field.path.find('.'); dot != std::string_view::npos; dot = field.path.find('.', dot + 1))
+      candidates.emplace_back(field.path.substr(0, dot));
+    candidates.emplace_back(field.path);
+  }
+  std::sort(candidates.begin(), candidates.end());
+  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  const std::size_t allowed = std::clamp<std::size_t>(last_part(path).size() / 3, 1, 2);
+  std::vector<std::pair<std::size_t, std::string>> close;
+  for (const std::string& candidate : candidates) {
+    const std::size_t distance = edit_distance(path, candidate);
+    if (distance <= allowed || last_part(candidate) == last_part(path)) close.emplace_back(distance, candidate);
+  }
+  std::sort(close.begin(), close.end());
+  std::vector<std::string> names;
+  for (const auto& [distance, name] : close)
+    if (names.size() < 3) names.push_back(name);
+  return names;
+}
+
+// The nearest section enclosing `path` ("" for the top level).
+std::string enclosing_section(std::string path) {
+  for (std::size_t dot = path.rfind('.'); dot != std::string::npos; dot = path.rfind('.')) {
+    path.resize(dot);
+    if (config_schema::is_section(path)) return path;
+  }
+  return "";
+}
+
+// Why `path` is no key: the close spellings, then the keys of the nearest enclosing section.
+std::string unknown_key_message(const std::string& path) {
+  const std::vector<std::string> close = close_keys(path);
+  const std::string section = enclosing_section(path);
+  return fmt::format("unknown key{}; the keys of {} are {}",
+                     close.empty() ? "" : fmt::format(" (did you mean {}?)", fmt::join(close, " or ")),
+                     section.empty() ? "the top level" : section, fmt::join(config_schema::children_of(section), ", "));
+}
+
+// A section given a value: its keys, and how to set one. `found` describes the value, if any.
+std::string section_message(const std::string& section, const std::string& found) {
+  return fmt::format("is a section (keys: {}){}; set {}.<key>", fmt::join(config_schema::children_of(section), ", "),
+                     found.empty() ? "" : ", found " + found, section);
+}
+
 // Rejects any key the schema does not know, at any depth, and sections that are not objects.
 void check_keys(const json& object, const std::string& section, const std::string& source) {
   for (const auto& [key, value] : object.items()) {
     const std::string path = join_path(section, key);
     // A dotted key would otherwise alias a nested one: {"model.n_head": 8} is not model.n_head.
-    const bool plain_key = key.find('.') == std::string::npos && !key.empty();
-    if (plain_key && config_schema::find_field(path)) continue;
-    if (plain_key && config_schema::is_section(path)) {
-      if (!value.is_object()) {
-        fail(path, fmt::format("expected an object with keys {}, found {}",
-                               fmt::join(config_schema::children_of(path), ", "), describe(value)),
-             source);
-      }
+    if (key.find('.') != std::string::npos) {
+      const std::size_t dot = key.find('.');
+      fail(path, fmt::format("unknown key; a config file nests its sections: write \"{}\": {{\"{}\": ...}}",
+                             key.substr(0, dot), key.substr(dot + 1)),
+           source);
+    }
+    if (!key.empty() && config_schema::find_field(path)) continue;
+    if (!key.empty() && config_schema::is_section(path)) {
+      if (!value.is_object()) fail(path, section_message(path, describe(value)), source);
       check_keys(value, path, source);
       continue;
     }
-    fail(path, fmt::format("unknown key; the keys of {} are {}", section.empty() ? "the top level" : section,
-                           fmt::join(config_schema::children_of(section), ", ")),
-         source);
+    fail(path, unknown_key_message(path), source);
   }
 }
 
@@ -190,9 +258,10 @@ void apply_override(json& json_config, const std::string& assignment) {
   }
   const std::string path = assignment.substr(0, equals);
   const std::string text = assignment.substr(equals + 1);
+  if (config_schema::is_section(path)) throw ConfigError(path, section_message(path, ""));
   if (!config_schema::find_field(path)) {
-    throw ConfigError(path,
-                      fmt::format("unknown key in override '{}' (configs/README.md lists every key)", assignment));
+    throw ConfigError(path, fmt::format("{} (in override '{}'; configs/README.md lists every key)",
+                                        unknown_key_message(path), assignment));
   }
   if (!json_config.is_object()) throw ConfigError("<root>", "expected a JSON object, found " + describe(json_config));
 

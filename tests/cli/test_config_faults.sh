@@ -25,7 +25,23 @@ expect_output "data.train: expected UTF-8 text, found the byte 0xFF at offset 5"
 # Numbers bounded to what trains (lr 1e300 once checkpointed infinite weights); 1e3 steps is 1000.
 expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set optim.lr=1e300
 expect_output "optim.lr: expected a number in (0, 10], found 1e+300"
-expect_exit 0 "$TRAIN" --config small_cpu --dry-run --set train.steps=1e3
+# --dry-run checks the data files too: small ones stand in for the config's.
+make_tokens "$SCRATCH/train.bin" 4000 1
+make_tokens "$SCRATCH/val.bin" 2000 2
+expect_exit 0 "$TRAIN" --config small_cpu --dry-run --set train.steps=1e3 \
+  --set "data.train=$SCRATCH/train.bin" --set "data.val=$SCRATCH/val.bin"
 expect_output '"steps": 1000'
+
+# A misspelt key is answered with the close spellings; a section given a value lists its keys.
+expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set optim.lrr=1
+expect_output "optim.lrr: unknown key (did you mean optim.lr?); the keys of optim are lr, min_lr"
+expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set optim=3
+expect_output "optim: is a section (keys: lr, min_lr, .*); set optim.<key>"
+printf '{"optim": 3}' >"$SCRATCH/section.json"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/section.json" --dry-run
+expect_output "optim: is a section (keys: lr, min_lr, .*), found 3 (an integer); set optim.<key> (in .*section.json)"
+printf '{"optim": {"lrr": 1}}' >"$SCRATCH/typo.json"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/typo.json" --dry-run
+expect_output "optim.lrr: unknown key (did you mean optim.lr?).*typo.json"
 
 echo "PASS"

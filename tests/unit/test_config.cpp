@@ -170,9 +170,45 @@ TEST(Config, UnknownKeysAreRejectedAtAnyDepth) {
                     "model.position.pope.delta_int", {"unknown key", "delta_init", "test.json"});
   expect_json_error({{"trian", {{"steps", 10}}}}, "trian", {"unknown key", "the top level", "train"});
   // A dotted key must not alias the nested one.
-  expect_json_error({{"model.n_head", 8}}, "model.n_head", {"unknown key"});
-  expect_json_error({{"model", 3}}, "model", {"expected an object", "n_head", "3 (an integer)"});
+  expect_json_error({{"model.n_head", 8}}, "model.n_head",
+                    {"unknown key", "a config file nests its sections: write \"model\": {\"n_head\": ...}"});
+  expect_json_error({{"model", 3}}, "model", {"is a section", "n_head", "3 (an integer)"});
   expect_json_error(json::array(), "<root>", {"expected a JSON object"});
+}
+
+// A typo in a key (--set optim.lrr=1, "modle" in a file) is answered with the keys spelled close
+// to it, or ending in the same key; a key spelled like none is not given a guess.
+TEST(Config, UnknownKeysSuggestCloseSpellings) {
+  json config = json::object();
+  expect_config_error([&] { apply_override(config, "optim.lrr=1"); }, "optim.lrr",
+                      {"unknown key (did you mean optim.lr?)", "the keys of optim are lr, min_lr", "optim.lrr=1"});
+  expect_config_error([&] { apply_override(config, "trian.steps=3"); }, "trian.steps",
+                      {"did you mean train.steps?", "the keys of the top level are model"});
+  expect_config_error([&] { apply_override(config, "train.lr=3"); }, "train.lr", {"did you mean optim.lr?"});
+  expect_config_error([&] { apply_override(config, "optim.beta=0.9"); }, "optim.beta",
+                      {"did you mean optim.beta1 or optim.beta2?"});
+  expect_json_error({{"optim", {{"lrr", 1}}}}, "optim.lrr", {"did you mean optim.lr?", "test.json"});
+  expect_json_error({{"modle", {{"n_head", 8}}}}, "modle", {"did you mean model?", "the keys of the top level"});
+  for (const std::string& far : {"optim.zzzzzz=1", "optim.x=1", "qqqq.zzzz=1"}) {
+    try {
+      apply_override(config, far);
+      ADD_FAILURE() << far << " was accepted";
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(std::string(error.what()).find("did you mean"), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("unknown key"), std::string::npos) << error.what();
+    }
+  }
+}
+
+// A section given a value (--set optim=3, "optim": 3) is said to be one, with its keys.
+TEST(Config, SectionsGivenAValueListTheirKeys) {
+  json config = json::object();
+  expect_config_error([&] { apply_override(config, "optim=3"); }, "optim",
+                      {"is a section (keys: lr, min_lr,", "set optim.<key>"});
+  expect_config_error([&] { apply_override(config, "model.position=rope"); }, "model.position",
+                      {"is a section (keys: kind,", "set model.position.<key>"});
+  expect_json_error({{"optim", 3}}, "optim",
+                    {"is a section (keys: lr, min_lr,", "found 3 (an integer)", "set optim.<key>", "test.json"});
 }
 
 TEST(Config, WrongTypesNameThePathAndTheExpectedType) {
@@ -477,7 +513,7 @@ TEST(Config, BadOverridesAreRejected) {
   json config = json::object();
   expect_config_error([&] { apply_override(config, "model.n_heads=8"); }, "model.n_heads",
                       {"unknown key", "model.n_heads=8"});
-  expect_config_error([&] { apply_override(config, "model=3"); }, "model", {"unknown key"});
+  expect_config_error([&] { apply_override(config, "model=3"); }, "model", {"is a section"});
   expect_config_error([&] { apply_override(config, "model.n_head"); }, "model.n_head", {"a.b.c=value"});
   json not_a_section = {{"model", 3}};
   expect_config_error([&] { apply_override(not_a_section, "model.n_head=8"); }, "model", {"expected an object"});
