@@ -4,11 +4,14 @@
 //   llm.c shard: 256 × int32 header (magic 20240520, version 1, token count, rest 0) then
 //                the tokens as uint16 little-endian;
 //   nanoGPT:     headerless uint16 little-endian tokens (train.bin / val.bin).
-// Files are memory-mapped and validated when opened (size, header, every id < vocab).
+// Files are validated when opened (size, header, every id < vocab) and then read with pread(2)
+// from a descriptor kept open: a file truncated while in use is a DataError naming it, never the
+// SIGBUS that reading a mapping past the file's new end gives.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -35,16 +38,30 @@ class TokenFile {
   // naming its index). Throws DataError.
   static TokenFile open(const std::filesystem::path& path, int vocab_size);
 
-  std::span<const std::uint16_t> tokens() const { return tokens_; }
-  std::size_t size() const { return tokens_.size(); }
+  // Copies tokens [first, first + count) to `out` (first + count ≤ size()). Throws DataError
+  // naming the file when it has shrunk since it was opened or now holds an id ≥ vocab_size.
+  // Thread-safe: copies of a TokenFile share one descriptor, and pread has no file position.
+  void read(std::size_t first, std::size_t count, std::uint16_t* out) const;
+  void read(std::size_t first, std::size_t count, std::int32_t* out) const;
+  std::vector<std::uint16_t> read(std::size_t first, std::size_t count) const;
+  // Calls on_chunk(first, tokens) for consecutive chunks covering every token (bounded memory
+  // for files of any size). Throws as read does.
+  void scan(const std::function<void(std::size_t first, std::span<const std::uint16_t>)>& on_chunk) const;
+
+  std::size_t size() const { return count_; }
   TokenFileFormat format() const { return format_; }
   const std::filesystem::path& path() const { return path_; }
 
  private:
+  void read_checked(std::size_t first, std::size_t count, std::uint16_t* out) const;
+
   std::filesystem::path path_;
   TokenFileFormat format_ = TokenFileFormat::nanogpt;
-  std::shared_ptr<const void> mapping_;  // keeps the mmap alive
-  std::span<const std::uint16_t> tokens_;
+  std::shared_ptr<const int> fd_;  // closed when the last copy goes away
+  std::uint64_t file_bytes_ = 0;   // the size when opened
+  std::uint64_t offset_ = 0;       // bytes before the first token (the llm.c header)
+  std::size_t count_ = 0;
+  int vocab_size_ = 0;
 };
 
 // Writes an llm.c shard atomically (temp file, fsync, rename). Throws DataError.

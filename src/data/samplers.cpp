@@ -18,8 +18,7 @@ void check_seq_len(int seq_len) {
 }
 
 // window[0, seq_len] → inputs = window[0, seq_len), targets = window[1, seq_len].
-template <class Token>
-void split_window(const Token* window, int seq_len, std::int32_t* inputs, std::int32_t* targets) {
+void split_window(const std::int32_t* window, int seq_len, std::int32_t* inputs, std::int32_t* targets) {
   std::copy(window, window + seq_len, inputs);
   std::copy(window + 1, window + seq_len + 1, targets);
 }
@@ -82,12 +81,14 @@ int SequentialWindowSampler::fill(std::uint64_t first, int batch, std::int32_t* 
   std::size_t file_index = 0;
   std::uint64_t local = first;  // window index inside files[file_index]
   int filled = 0;
+  std::vector<std::int32_t> window(static_cast<std::size_t>(seq_len_) + 1);
   while (filled < batch) {
     while (file_index < files.size() && local >= windows_per_file_[file_index]) local -= windows_per_file_[file_index++];
     if (file_index == files.size()) break;
-    const std::uint16_t* window = files[file_index].tokens().data() + local * static_cast<std::uint64_t>(seq_len_);
+    files[file_index].read(static_cast<std::size_t>(local) * static_cast<std::size_t>(seq_len_), window.size(),
+                           window.data());
     const std::size_t row = static_cast<std::size_t>(filled) * static_cast<std::size_t>(seq_len_);
-    split_window(window, seq_len_, inputs + row, targets + row);
+    split_window(window.data(), seq_len_, inputs + row, targets + row);
     ++filled;
     ++local;
   }

@@ -91,8 +91,7 @@ void TokenDataset::read_window(std::uint64_t start_index, int length, std::int32
   for (const auto& file : files_) {
     const std::uint64_t windows = windows_in(file, length);
     if (remaining < windows) {
-      const auto tokens = file.tokens().subspan(static_cast<std::size_t>(remaining), static_cast<std::size_t>(length));
-      std::copy(tokens.begin(), tokens.end(), out);
+      file.read(static_cast<std::size_t>(remaining), static_cast<std::size_t>(length), out);
       return;
     }
     remaining -= windows;

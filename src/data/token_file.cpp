@@ -1,6 +1,5 @@
 // TokenFile: opening, validating and writing llm.c / nanoGPT token files.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "checkpoint/atomic_file.hpp"
 #include "data/regular_file.hpp"
@@ -20,34 +20,31 @@
 
 namespace pope {
 
-// Both formats store little-endian integers and are read in place from the mapping.
-static_assert(std::endian::native == std::endian::little, "token files are read in place: little-endian hosts only");
+// Both formats store little-endian integers, copied as they are from the file.
+static_assert(std::endian::native == std::endian::little, "token files are read as stored: little-endian hosts only");
 
 namespace {
 
 constexpr std::size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(std::int32_t);
+constexpr std::size_t kScanTokens = std::size_t{1} << 20;  // scan()'s chunk: 2 MiB, whatever the file's size
 
-// Maps the whole file read-only; the shared_ptr's deleter unmaps it when the last
-// TokenFile copy goes away.
-std::shared_ptr<const void> map_file(const std::filesystem::path& path, std::size_t& size_out) {
-  const int fd = open_regular_file(path, "token file");
+// Reads up to `bytes` at `offset`, retrying short reads; returns how many there were (fewer only
+// at the end of the file).
+std::size_t pread_full(int fd, const std::filesystem::path& path, void* out, std::size_t bytes, std::uint64_t offset) {
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t got = ::pread(fd, static_cast<std::byte*>(out) + done, bytes - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw DataError(fmt::format("cannot read token file {}: {}", path, std::strerror(errno)));
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  return done;
+}
+
+std::uint64_t current_size(int fd) {
   struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    throw DataError(fmt::format("cannot stat token file {}: {}", path, std::strerror(saved)));
-  }
-  const auto size = static_cast<std::size_t>(info.st_size);
-  if (size == 0) {
-    ::close(fd);
-    throw DataError(fmt::format("token file {} is empty", path));
-  }
-  void* address = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int saved = errno;
-  ::close(fd);  // the mapping stays valid without the descriptor
-  if (address == MAP_FAILED) throw DataError(fmt::format("cannot map token file {}: {}", path, std::strerror(saved)));
-  size_out = size;
-  return std::shared_ptr<const void>(address, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
+  return ::fstat(fd, &info) == 0 ? static_cast<std::uint64_t>(info.st_size) : 0;
 }
 
 bool starts_with_llmc_magic(const std::byte* bytes, std::size_t size) {
@@ -107,46 +104,92 @@ std::size_t llmc_token_count(const std::filesystem::path& path, const std::byte*
   return count;
 }
 
-void check_token_ids(const std::filesystem::path& path, std::span<const std::uint16_t> tokens, int vocab_size) {
-  if (vocab_size <= 0) return;
-  const auto limit = static_cast<unsigned>(vocab_size);
-  for (std::size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] >= limit)
-      throw DataError(fmt::format("token file {}: token at index {} has id {}, expected an id below the vocabulary "
-                                  "size {}",
-                                  path, i, tokens[i], vocab_size));
-}
-
 }  // namespace
 
 TokenFile TokenFile::open(const std::filesystem::path& path, int vocab_size) {
   TokenFile file;
   file.path_ = path;
-  std::size_t size = 0;
-  file.mapping_ = map_file(path, size);
-  const auto* bytes = static_cast<const std::byte*>(file.mapping_.get());
+  file.vocab_size_ = vocab_size;
+  const int fd = open_regular_file(path, "token file");
+  file.fd_ = std::shared_ptr<const int>(new int(fd), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
+  struct stat info {};
+  if (::fstat(fd, &info) != 0)
+    throw DataError(fmt::format("cannot stat token file {}: {}", path, std::strerror(errno)));
+  const auto size = static_cast<std::size_t>(info.st_size);
+  if (size == 0) throw DataError(fmt::format("token file {} is empty", path));
+  file.file_bytes_ = size;
 
-  std::size_t offset = 0;
-  std::size_t count = 0;
+  std::array<std::byte, kLlmcHeaderBytes> head{};  // the header checks look at most this far
+  const std::size_t head_bytes = std::min(size, head.size());
+  if (pread_full(fd, path, head.data(), head_bytes, 0) != head_bytes)
+    throw DataError(fmt::format("token file {} shrank while it was being opened (truncated while in use?)", path));
   // A file that carries the magic is an llm.c shard, broken or not: reading a damaged
   // shard as nanoGPT tokens would silently train on its header.
-  if (starts_with_llmc_magic(bytes, size)) {
+  if (starts_with_llmc_magic(head.data(), size)) {
     file.format_ = TokenFileFormat::llmc;
-    offset = kLlmcHeaderBytes;
-    count = llmc_token_count(path, bytes, size);
+    file.offset_ = kLlmcHeaderBytes;
+    file.count_ = llmc_token_count(path, head.data(), size);
   } else {
     file.format_ = TokenFileFormat::nanogpt;
-    reject_damaged_llmc_header(path, bytes, size);
+    reject_damaged_llmc_header(path, head.data(), size);
     if (size % sizeof(std::uint16_t) != 0)
       throw DataError(fmt::format("nanoGPT token file {} has an odd size of {} bytes, expected 2 bytes per token "
                                   "(truncated?)",
                                   path, size));
-    count = size / sizeof(std::uint16_t);
+    file.count_ = size / sizeof(std::uint16_t);
   }
-  // The mapping is page-aligned and the llm.c header is 1024 bytes, so the tokens are aligned.
-  file.tokens_ = std::span(reinterpret_cast<const std::uint16_t*>(bytes + offset), count);
-  check_token_ids(path, file.tokens_, vocab_size);
+  if (vocab_size > 0) file.scan([](std::size_t, std::span<const std::uint16_t>) {});  // read_checked checks every id
   return file;
+}
+
+void TokenFile::read_checked(std::size_t first, std::size_t count, std::uint16_t* out) const {
+  if (first > count_ || count > count_ - first)
+    throw std::out_of_range(fmt::format("tokens [{}, {}) of token file {} are out of range: it has {} tokens", first,
+                                        first + count, path_, count_));
+  const std::size_t bytes = count * sizeof(std::uint16_t);
+  const std::uint64_t offset = offset_ + std::uint64_t{first} * sizeof(std::uint16_t);
+  if (pread_full(*fd_, path_, out, bytes, offset) != bytes)
+    throw DataError(fmt::format("token file {} shrank while in use: it had {} bytes when opened, now {}, so tokens "
+                                "[{}, {}) are gone (was it truncated or rewritten?); restore the file",
+                                path_, file_bytes_, current_size(*fd_), first, first + count));
+  if (vocab_size_ <= 0) return;
+  const auto limit = static_cast<unsigned>(vocab_size_);
+  for (std::size_t i = 0; i < count; ++i)
+    if (out[i] >= limit)
+      throw DataError(fmt::format("token file {}: token at index {} has id {}, expected an id below the vocabulary "
+                                  "size {}",
+                                  path_, first + i, out[i], vocab_size_));
+}
+
+void TokenFile::read(std::size_t first, std::size_t count, std::uint16_t* out) const {
+  read_checked(first, count, out);
+}
+
+void TokenFile::read(std::size_t first, std::size_t count, std::int32_t* out) const {
+  std::array<std::uint16_t, 4096> chunk;  // on the stack: a training window costs no allocation
+  for (std::size_t done = 0; done < count; done += chunk.size()) {
+    const std::size_t n = std::min(chunk.size(), count - done);
+    read_checked(first + done, n, chunk.data());
+    std::copy_n(chunk.data(), n, out + done);
+  }
+}
+
+std::vector<std::uint16_t> TokenFile::read(std::size_t first, std::size_t count) const {
+  std::vector<std::uint16_t> tokens(count);
+  read_checked(first, count, tokens.data());
+  return tokens;
+}
+
+void TokenFile::scan(const std::function<void(std::size_t, std::span<const std::uint16_t>)>& on_chunk) const {
+  std::vector<std::uint16_t> chunk(std::min(count_, kScanTokens));
+  for (std::size_t first = 0; first < count_; first += chunk.size()) {
+    const std::size_t n = std::min(chunk.size(), count_ - first);
+    read_checked(first, n, chunk.data());
+    on_chunk(first, std::span<const std::uint16_t>(chunk.data(), n));
+  }
 }
 
 void write_llmc_shard(const std::filesystem::path& path, std::span<const std::uint16_t> tokens) {

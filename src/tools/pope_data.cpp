@@ -208,29 +208,29 @@ int main(int argc, char** argv) {
                      options.val_fraction, static_cast<unsigned long long>(summary.documents));
     } else if (*inspect) {
       const TokenFile file = TokenFile::open(inspect_file, kGpt2VocabSize);
-      const auto tokens = file.tokens();
-      const auto documents = std::count(tokens.begin(), tokens.end(), kGpt2EndOfText);
+      std::size_t documents = 0;
+      file.scan([&](std::size_t, std::span<const std::uint16_t> chunk) {
+        documents += static_cast<std::size_t>(std::count(chunk.begin(), chunk.end(), kGpt2EndOfText));
+      });
+      const std::vector<std::uint16_t> head = file.read(0, std::min(inspect_count, file.size()));
       std::printf("%s\n  format: %s\n  tokens: %zu\n  <|endoftext|>: %zu (documents)\n  first %zu tokens:\n",
                   inspect_file.c_str(), file.format() == TokenFileFormat::llmc ? "llm.c (header + uint16)" : "nanoGPT (uint16)",
-                  tokens.size(), static_cast<std::size_t>(documents), std::min(inspect_count, tokens.size()));
-      for (std::size_t i = 0; i < std::min(inspect_count, tokens.size()); ++i)
-        std::printf("  %8zu  %5u  \"%s\"\n", i, tokens[i], printable(tokenizer.token_bytes(tokens[i])).c_str());
-      const auto head = tokens.first(std::min(inspect_count, tokens.size()));
+                  file.size(), documents, head.size());
+      for (std::size_t i = 0; i < head.size(); ++i)
+        std::printf("  %8zu  %5u  \"%s\"\n", i, head[i], printable(tokenizer.token_bytes(head[i])).c_str());
       std::printf("  text: \"%s\"\n", printable(tokenizer.decode(head)).c_str());
     } else if (*decode) {
-      std::span<const std::uint16_t> selected;
       std::optional<TokenFile> file;
-      if (*ids_option) {
-        selected = decode_id_values;
-      } else {
-        file = TokenFile::open(decode_file, kGpt2VocabSize);
-        selected = file->tokens();
-      }
-      if (decode_start > selected.size())
+      if (!*ids_option) file = TokenFile::open(decode_file, kGpt2VocabSize);
+      const std::size_t available = file ? file->size() : decode_id_values.size();
+      if (decode_start > available)
         throw CLI::ValidationError("--start", std::to_string(decode_start) + " is past the last token (" +
-                                                  std::to_string(selected.size()) + " tokens)");
-      selected = selected.subspan(decode_start, std::min(decode_count, selected.size() - decode_start));
-      const std::string text = tokenizer.decode(selected);
+                                                  std::to_string(available) + " tokens)");
+      const std::size_t count = std::min(decode_count, available - decode_start);
+      const std::string text =
+          tokenizer.decode(file ? file->read(decode_start, count)
+                                : std::vector<std::uint16_t>(decode_id_values.begin() + std::ptrdiff_t(decode_start),
+                                                             decode_id_values.begin() + std::ptrdiff_t(decode_start + count)));
       std::fwrite(text.data(), 1, text.size(), stdout);
     } else if (*encode) {
       const std::string text = encode_file.empty() ? encode_text : read_text_file(encode_file);

@@ -38,8 +38,6 @@ void patch_header(const std::filesystem::path& path, std::size_t index, std::int
   write_bytes(path, bytes);
 }
 
-std::vector<std::uint16_t> as_vector(std::span<const std::uint16_t> tokens) { return {tokens.begin(), tokens.end()}; }
-
 }  // namespace
 
 // ---- TokenFile ---------------------------------------------------------------------------
@@ -51,7 +49,7 @@ TEST(TokenFile, LlmcShardRoundTrip) {
   EXPECT_EQ(std::filesystem::file_size(dir / "shard.bin"), 1024u + 2 * tokens.size());
   const auto file = TokenFile::open(dir / "shard.bin", kVocab);
   EXPECT_EQ(file.format(), TokenFileFormat::llmc);
-  EXPECT_EQ(as_vector(file.tokens()), tokens);
+  EXPECT_EQ(file.read(0, file.size()), tokens);
   // The temporary file of the atomic write is gone.
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1);
 }
@@ -63,10 +61,10 @@ TEST(TokenFile, NanogptFileRoundTrip) {
   const auto file = TokenFile::open(dir / "train.bin", kVocab);
   EXPECT_EQ(file.format(), TokenFileFormat::nanogpt);
   EXPECT_EQ(file.size(), tokens.size());
-  EXPECT_EQ(as_vector(file.tokens()), tokens);
+  EXPECT_EQ(file.read(0, file.size()), tokens);
 }
 
-TEST(TokenFile, MappingOutlivesCopies) {
+TEST(TokenFile, DescriptorOutlivesCopies) {
   ScratchDir dir;
   write_llmc_shard(dir / "shard.bin", counting_tokens(10));
   std::vector<TokenFile> files;
@@ -74,7 +72,7 @@ TEST(TokenFile, MappingOutlivesCopies) {
     const auto file = TokenFile::open(dir / "shard.bin", kVocab);
     files.push_back(file);
   }
-  EXPECT_EQ(files[0].tokens()[9], 9);
+  EXPECT_EQ(files[0].read(9, 1), std::vector<std::uint16_t>{9});
 }
 
 TEST(TokenFile, TruncatedAndOverlongLlmcShardsNameExpectedAndActualSize) {
@@ -175,6 +173,49 @@ TEST(TokenFile, IdAtOrAboveVocabularyNamesFileIndexAndId) {
     EXPECT_NO_THROW(TokenFile::open(dir / name, 501));
     EXPECT_NO_THROW(TokenFile::open(dir / name, 0));  // 0: no vocabulary check
   }
+}
+
+// Truncated after opening (a file rewritten under a running trainer): reading the lost part is a
+// DataError naming the file, where a mapped file raised SIGBUS and killed the process.
+TEST(TokenFile, TruncatedWhileOpenIsAnErrorNamingTheFile) {
+  ScratchDir dir;
+  const auto path = dir / "shard.bin";
+  write_llmc_shard(path, counting_tokens(50'000));
+  const auto file = TokenFile::open(path, kVocab);
+  const auto dataset = TokenDataset::open(path.string(), kVocab);
+  const RandomWindowSampler random(dataset, 64, 3);
+  const SequentialWindowSampler sequential(dataset, 64);
+  std::filesystem::resize_file(path, 1024 + 2 * 1000);  // 1000 tokens left
+
+  EXPECT_EQ(file.read(10, 3), (std::vector<std::uint16_t>{10, 11, 12}));  // the part still there reads
+  auto message = thrown_message<DataError>([&] { (void)file.read(40'000, 10); });
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("shrank while in use"), std::string::npos) << message;
+  EXPECT_NE(message.find("now 3024"), std::string::npos) << message;
+  message = thrown_message<DataError>([&] { file.scan([](std::size_t, std::span<const std::uint16_t>) {}); });
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+
+  std::vector<std::int32_t> inputs(64 * 64), targets(64 * 64);
+  message = thrown_message<DataError>([&] { random.fill(0, 64, inputs.data(), targets.data()); });
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  message = thrown_message<DataError>([&] { sequential.fill(100, 1, inputs.data(), targets.data()); });
+  EXPECT_NE(message.find("shrank while in use"), std::string::npos) << message;
+  EXPECT_THROW((void)file.read(49'999, 2), std::out_of_range);  // past the end it had: a caller's bug
+}
+
+// Rewritten in place with ids the model has no embedding for: refused like at opening.
+TEST(TokenFile, IdsAreCheckedOnEveryRead) {
+  ScratchDir dir;
+  const auto path = dir / "train.bin";
+  write_nanogpt(path, counting_tokens(100));
+  const auto file = TokenFile::open(path, 100);
+  auto tokens = counting_tokens(100);
+  tokens[42] = 65535;
+  write_nanogpt(path, tokens);  // same size, truncated and rewritten
+  std::vector<std::int32_t> window(10);
+  const auto message = thrown_message<DataError>([&] { file.read(40, 10, window.data()); });
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("index 42 has id 65535"), std::string::npos) << message;
 }
 
 TEST(TokenFile, WritingIntoMissingDirectoryIsADataError) {
