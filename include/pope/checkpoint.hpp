@@ -65,6 +65,15 @@ struct TrainerState {
   static TrainerState from_json(const nlohmann::json& json, const std::string& source);
 };
 
+// What the run's config allows in a trainer.json (the trainer's train.* keys).
+struct TrainerStateLimits {
+  long steps = 0;                // train.steps: the step reached is at most this
+  int batch_size = 1;            // train.batch_size: samples_consumed = step × batch_size
+  int max_nonfinite_steps = 1;   // train.max_nonfinite_steps: consecutive_nonfinite stays below it
+};
+// Throws CheckpointError naming `source`, the field and what was expected.
+void check_trainer_state(const TrainerState& state, const TrainerStateLimits& limits, const std::string& source);
+
 // Host copies of everything a checkpoint holds. Parameters are stored per name (the
 // layout's specs) in fp32; m and v likewise under "m.<name>", "v.<name>".
 struct CheckpointData {
@@ -82,9 +91,16 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, cons
 // Creates <run_dir>/checkpoints when missing and returns it. Throws CheckpointError when it
 // cannot, e.g. a file in its place: the trainer calls it at start, not only at the first save.
 std::filesystem::path create_checkpoint_directory(const std::filesystem::path& run_dir);
+// Its check alone, creating nothing (pope-train --dry-run): returns <run_dir>/checkpoints.
+std::filesystem::path check_checkpoint_directory(const std::filesystem::path& run_dir);
+
+// The step directory `path` names: itself, or a run directory's newest complete one. Throws
+// CheckpointError when `path` is no directory or a run directory without a complete checkpoint.
+std::filesystem::path checkpoint_step_directory(const std::filesystem::path& path);
 
 // `path` is a step directory or a run directory (then its newest checkpoint). Checks every
-// tensor of `layout` is present with its shape. weights_only skips optimizer and state.
+// tensor of `layout` is present with its shape and finite, and the second moments >= 0.
+// weights_only skips optimizer and state.
 CheckpointData load_checkpoint(const std::filesystem::path& path, const ParameterLayout& layout,
                                bool weights_only = false);
 

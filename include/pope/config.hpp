@@ -231,8 +231,14 @@ void validate(const RunConfig& config);  // ranges and cross-field rules; throws
 
 // Stable hash of the resolved config (hex), stored in checkpoints to detect mismatched resumes.
 std::string config_hash(const RunConfig& config);
-// The hashed keys whose values differ, as "key: before → after" in README order: what makes
-// two configs' hashes differ, for the message of a refused resume.
+// A hashed key whose value differs between two configs, the values as JSON text.
+struct ConfigChange {
+  std::string key, before, after;
+};
+// The hashed keys whose values differ, in README order: what makes two configs' hashes
+// differ, for the message of a refused resume.
+std::vector<ConfigChange> config_hash_changes(const RunConfig& before, const RunConfig& after);
+// The same as "key: before → after".
 std::vector<std::string> config_hash_differences(const RunConfig& before, const RunConfig& after);
 
 }  // namespace pope

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "pope/backend.hpp"
@@ -17,6 +18,12 @@ namespace pope {
 // decay from lr to min_lr reached at total_steps: cosine, linear, or constant (stays at lr).
 // `step` is 0-based (the step about to be taken).
 double learning_rate(const OptimConfig& config, long step, long total_steps);
+
+// The log line of a resume under another train.steps than the run's, which moves the decay's
+// end and so the learning rate of the steps still to take: the decay's end under each and
+// the rate at the next step (`resume_step` + 1), at the old end and at the new one.
+// Empty when no rate changes (the same steps, or a constant schedule).
+std::string describe_schedule_change(const OptimConfig& config, long resume_step, long old_steps, long new_steps);
 
 struct OptimizerStepResult {
   double grad_norm = 0.0;  // global L2 norm before clipping

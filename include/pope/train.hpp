@@ -26,7 +26,8 @@
 
 namespace pope {
 
-class RunLock;  // src/checkpoint/run_lock.hpp
+class RunLock;              // src/checkpoint/run_lock.hpp
+struct ProgressCosts;       // src/runtime/progress.hpp
 
 // Too many consecutive non-finite steps; the last good checkpoint is left as it was.
 class TrainingAborted : public std::runtime_error {
@@ -58,6 +59,18 @@ struct TrainingSummary {
   std::filesystem::path last_checkpoint;
   double seconds = 0.0;
 };
+
+// A problem the trainer's start-up checks find in a run's inputs.
+struct InputProblem {
+  std::string message;
+  bool config = false;  // a config or command-line problem (exit 2), else data or files (exit 1)
+};
+// Every problem the trainer's start-up checks find, without creating or writing anything, for
+// pope-train --dry-run: the run directory, what --resume names (its trainer.json and config
+// against `config`, not its tensors) or --init-from, data.train and data.val (opened, headers
+// and token ids checked, one window long) or the task's splits, and train.sample_every's
+// tokenizer and prompt. Empty: the run would start.
+std::vector<InputProblem> check_run_inputs(const RunConfig& config, const TrainerOptions& options);
 
 class Trainer {
  public:
@@ -94,8 +107,13 @@ class Trainer {
   // Evaluates, logs and appends the metrics record of `step`.
   Validation run_validation(long step);
   void fill_training_rows(std::uint64_t first_sample, std::int32_t* inputs, std::int32_t* targets) const;
-  void log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second, double eta_seconds,
-                 const std::optional<StepPhases>& phases);
+  // What an evaluation and a checkpoint are expected to cost until one is timed.
+  ProgressCosts estimated_costs() const;
+  // The validation windows an evaluation reads (token data).
+  std::uint64_t validation_windows() const;
+  // eta_seconds: unset until a step's training time was measured.
+  void log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second,
+                 std::optional<double> eta_seconds, const std::optional<StepPhases>& phases);
   void append_metrics(const nlohmann::json& record);
   // train.sample_every: the prompt checked and tokenized when the run starts, a sample logged.
   void prepare_samples();

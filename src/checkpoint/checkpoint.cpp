@@ -127,14 +127,22 @@ std::vector<SafetensorsTensor> tensors_from_arena(const ParameterLayout& layout,
   return tensors;
 }
 
-// "N non-finite values (the first at element E)", or nullopt when every value is finite.
-std::optional<std::string> non_finite_values(const float* values, std::size_t count) {
-  const auto finite = [](float v) { return std::isfinite(v); };
-  const float* first_bad = std::find_if_not(values, values + count, finite);
+// "N <what> values (the first at element E)" for the values failing `good`, or nullopt.
+template <class Good>
+std::optional<std::string> bad_values(const float* values, std::size_t count, const char* what, Good good) {
+  const float* first_bad = std::find_if_not(values, values + count, good);
   if (first_bad == values + count) return std::nullopt;
-  return fmt::format("{} non-finite values (the first at element {})",
-                     std::count_if(first_bad, values + count, [&](float v) { return !finite(v); }), first_bad - values);
+  return fmt::format("{} {} values (the first at element {})",
+                     std::count_if(first_bad, values + count, [&](float v) { return !good(v); }), what,
+                     first_bad - values);
 }
+
+std::optional<std::string> non_finite_values(const float* values, std::size_t count) {
+  return bad_values(values, count, "non-finite", [](float v) { return std::isfinite(v); });
+}
+
+// AdamW's second moments are running means of squared gradients.
+constexpr const char* kSecondMomentPrefix = "v.";
 
 // Fills the arena from the tensors named `prefix` + parameter name, each F32 with the
 // layout's shape.
@@ -163,6 +171,12 @@ std::vector<float> arena_from_tensors(const ParameterLayout& layout, const Safet
       throw CheckpointError(fmt::format("checkpoint file {}: tensor '{}' has {}; training never writes them, so the "
                                         "file is damaged",
                                         file, name, *bad));
+    if (prefix == kSecondMomentPrefix)
+      if (const auto bad = bad_values(values, found->bytes.size() / sizeof(float), "negative",
+                                      [](float v) { return v >= 0.0f; }))
+        throw CheckpointError(fmt::format("checkpoint file {}: tensor '{}' has {}, expected AdamW second moments "
+                                          ">= 0 (means of squared gradients), so the file is damaged",
+                                          file, name, *bad));
   }
   return flat;
 }
@@ -216,7 +230,7 @@ void write_step_files(const fs::path& dir, const ParameterLayout& layout, const 
   write_safetensors(dir / kModelFile, tensors_from_arena(layout, data.params, ""), metadata);
   if (!data.adam_m.empty()) {
     auto tensors = tensors_from_arena(layout, data.adam_m, "m.");
-    auto v = tensors_from_arena(layout, data.adam_v, "v.");
+    auto v = tensors_from_arena(layout, data.adam_v, kSecondMomentPrefix);
     tensors.insert(tensors.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
     write_safetensors(dir / kOptimizerFile, tensors, metadata);
   }
@@ -287,6 +301,9 @@ TrainerState TrainerState::from_json(const nlohmann::json& json, const std::stri
   const auto& rng = field(json, "rng", source);
   if (!rng.is_array() || rng.size() != state.rng.size()) bad_field(source, "rng", rng, "an array of four words");
   for (std::size_t i = 0; i < state.rng.size(); ++i) state.rng[i] = parse_rng_word(rng[i], source);
+  // xoshiro256** never leaves, and never reaches, the all-zero state.
+  if (std::all_of(state.rng.begin(), state.rng.end(), [](std::uint64_t word) { return word == 0; }))
+    bad_field(source, "rng", rng, "a xoshiro256** state, which is never all zeros");
 
   const auto& hash = field(json, "config_hash", source);
   if (!hash.is_string()) bad_field(source, "config_hash", hash, "a string");
@@ -296,14 +313,37 @@ TrainerState TrainerState::from_json(const nlohmann::json& json, const std::stri
       non_negative_integer(json, "consecutive_nonfinite", source, std::numeric_limits<int>::max()));
 
   const auto& loss = field(json, "last_val_loss", source);
-  if (!loss.is_number() && !loss.is_null()) bad_field(source, "last_val_loss", loss, "a number or null");
+  // A cross-entropy: never negative.
+  if (!loss.is_null() && !(loss.is_number() && loss.get<double>() >= 0.0))
+    bad_field(source, "last_val_loss", loss, "a number >= 0 or null");
   state.last_val_loss = loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>();
   return state;
 }
 
+void check_trainer_state(const TrainerState& state, const TrainerStateLimits& limits, const std::string& source) {
+  if (state.step > limits.steps)
+    bad_field(source, "step", state.step,
+              fmt::format("at most train.steps = {} (a run is not shortened below the step it reached: set "
+                          "train.steps >= {})",
+                          limits.steps, state.step));
+  // Every step, applied or skipped, draws one global batch.
+  const auto batch = std::uint64_t(limits.batch_size);
+  if (state.samples_consumed % batch != 0 || state.samples_consumed / batch != std::uint64_t(state.step))
+    bad_field(source, "samples_consumed", state.samples_consumed,
+              fmt::format("step × train.batch_size = {} × {} = {}", state.step, limits.batch_size,
+                          std::uint64_t(state.step) * batch));
+  // The run aborts when the count reaches the limit (a limit of 0 at the first), so a
+  // checkpoint never holds that many.
+  const int allowed = std::max(limits.max_nonfinite_steps, 1) - 1;
+  if (state.consecutive_nonfinite > allowed)
+    bad_field(source, "consecutive_nonfinite", state.consecutive_nonfinite,
+              fmt::format("at most {} (the run aborts at train.max_nonfinite_steps = {})", allowed,
+                          limits.max_nonfinite_steps));
+}
+
 // ---- save / load -----------------------------------------------------------------------
 
-fs::path create_checkpoint_directory(const fs::path& run_dir) {
+fs::path check_checkpoint_directory(const fs::path& run_dir) {
   const fs::path checkpoints = run_dir / "checkpoints";
   std::error_code ec;
   const fs::file_status status = fs::status(checkpoints, ec);
@@ -311,6 +351,11 @@ fs::path create_checkpoint_directory(const fs::path& run_dir) {
     throw CheckpointError(fmt::format("{} exists and is not a directory; checkpoints are written there, so move it "
                                       "away or choose another --out",
                                       checkpoints));
+  return checkpoints;
+}
+
+fs::path create_checkpoint_directory(const fs::path& run_dir) {
+  const fs::path checkpoints = check_checkpoint_directory(run_dir);
   checked_fs(fmt::format("create {}", checkpoints), [&](std::error_code& error) { fs::create_directories(checkpoints, error); });
   return checkpoints;
 }
@@ -325,7 +370,7 @@ fs::path save_checkpoint(const fs::path& run_dir, const ParameterLayout& layout,
     check_arena_size(layout, data.adam_m, "adam_m");
     check_arena_size(layout, data.adam_v, "adam_v");
     check_arena_finite(layout, data.adam_m, "m.", data.state.step);
-    check_arena_finite(layout, data.adam_v, "v.", data.state.step);
+    check_arena_finite(layout, data.adam_v, kSecondMomentPrefix, data.state.step);
   }
 
   const fs::path checkpoints = create_checkpoint_directory(run_dir);
@@ -364,10 +409,7 @@ std::optional<fs::path> latest_checkpoint(const fs::path& run_dir) {
   return std::nullopt;
 }
 
-namespace {
-
-// The step directory `path` names: itself, or a run directory's newest complete one.
-fs::path step_dir_named_by(const fs::path& path) {
+fs::path checkpoint_step_directory(const fs::path& path) {
   if (!fs::is_directory(path))
     throw CheckpointError(fmt::format("checkpoint {} does not exist or is not a directory", path));
   if (!fs::is_directory(path / "checkpoints")) return path;
@@ -376,11 +418,9 @@ fs::path step_dir_named_by(const fs::path& path) {
   return *latest;
 }
 
-}  // namespace
-
 CheckpointLocation locate_checkpoint(const fs::path& path) {
   CheckpointLocation paths;
-  paths.step_dir = step_dir_named_by(path);
+  paths.step_dir = checkpoint_step_directory(path);
   if (paths.step_dir != path) {
     paths.config_file = path / "config.json";
   } else {
@@ -419,7 +459,7 @@ TrainerState read_trainer_state(const fs::path& step_dir) {
 }
 
 CheckpointData load_checkpoint(const fs::path& path, const ParameterLayout& layout, bool weights_only) {
-  const fs::path step_dir = step_dir_named_by(path);
+  const fs::path step_dir = checkpoint_step_directory(path);
 
   std::vector<std::string> required{kModelFile};
   if (!weights_only) required.push_back(kTrainerFile);
@@ -442,9 +482,9 @@ CheckpointData load_checkpoint(const fs::path& path, const ParameterLayout& layo
   const fs::path optimizer_file = step_dir / kOptimizerFile;
   if (fs::exists(optimizer_file)) {
     const auto moments = read_safetensors(optimizer_file);
-    check_no_unknown_tensors(layout, moments, {"m.", "v."}, optimizer_file);
+    check_no_unknown_tensors(layout, moments, {"m.", kSecondMomentPrefix}, optimizer_file);
     data.adam_m = arena_from_tensors(layout, moments, "m.", optimizer_file);
-    data.adam_v = arena_from_tensors(layout, moments, "v.", optimizer_file);
+    data.adam_v = arena_from_tensors(layout, moments, kSecondMomentPrefix, optimizer_file);
   }
   return data;
 }

@@ -292,16 +292,23 @@ std::string config_hash(const RunConfig& config) {
   return fnv1a_64_hex(resolved.dump());
 }
 
-std::vector<std::string> config_hash_differences(const RunConfig& before, const RunConfig& after) {
+std::vector<ConfigChange> config_hash_changes(const RunConfig& before, const RunConfig& after) {
   const nlohmann::json old_values = config_to_json(before), new_values = config_to_json(after);
-  std::vector<std::string> differences;
+  std::vector<ConfigChange> changes;
   for (const config_schema::Field& field : config_schema::fields()) {
     if (field.hashed == config_schema::Hashed::no) continue;
     const auto pointer = config_schema::pointer_to(field.path);
     const nlohmann::json& was = old_values.at(pointer);
     const nlohmann::json& now = new_values.at(pointer);
-    if (was != now) differences.push_back(fmt::format("{}: {} → {}", field.path, was.dump(), now.dump()));
+    if (was != now) changes.push_back({std::string(field.path), was.dump(), now.dump()});
   }
+  return changes;
+}
+
+std::vector<std::string> config_hash_differences(const RunConfig& before, const RunConfig& after) {
+  std::vector<std::string> differences;
+  for (const ConfigChange& change : config_hash_changes(before, after))
+    differences.push_back(fmt::format("{}: {} → {}", change.key, change.before, change.after));
   return differences;
 }
 

@@ -1,6 +1,7 @@
 #include "pope/optim.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +19,26 @@ double learning_rate(const OptimConfig& c, long step, long total_steps) {
   const double coefficient =
       c.schedule == LrSchedule::linear ? 1.0 - progress : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
   return c.min_lr + coefficient * (c.lr - c.min_lr);
+}
+
+std::string describe_schedule_change(const OptimConfig& config, long resume_step, long old_steps, long new_steps) {
+  // Log lines count steps from 1: "step N" trains with the rate of 0-based step N − 1.
+  std::vector<long> shown{resume_step + 1, std::min(old_steps, new_steps), std::max(old_steps, new_steps)};
+  std::sort(shown.begin(), shown.end());
+  shown.erase(std::unique(shown.begin(), shown.end()), shown.end());
+  std::vector<std::string> rates;
+  bool changed = false;
+  for (long step : shown) {
+    if (step <= resume_step) continue;
+    const double before = learning_rate(config, step - 1, old_steps), after = learning_rate(config, step - 1, new_steps);
+    changed = changed || before != after;
+    rates.push_back(fmt::format("step {} {:.2e} → {:.2e}", step, before, after));
+  }
+  if (!changed) return {};
+  return fmt::format("train.steps is {} instead of the run's {}: the {} decay of the learning rate now ends at "
+                     "step {} instead of {} (warmup ends at step {} in both); lr at {}",
+                     new_steps, old_steps, name_of(config.schedule), new_steps, old_steps, config.warmup_steps,
+                     fmt::join(rates, ", "));
 }
 
 namespace {

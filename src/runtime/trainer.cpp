@@ -1,9 +1,11 @@
 #include "pope/train.hpp"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -21,6 +23,7 @@
 #include "pope/distributed.hpp"
 #include "pope/sample.hpp"
 #include "pope/train_step.hpp"
+#include "runtime/progress.hpp"
 
 namespace pope {
 
@@ -30,18 +33,189 @@ std::atomic<int> g_stop_signal{0};
 
 extern "C" void handle_stop_signal(int signal_number) { Trainer::request_stop(signal_number); }
 
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const long s = std::lround(seconds);
-  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
-  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
-  return fmt::format("{}s", s);
-}
-
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// The log pattern's %*: wall time since the trainer started, e.g. "+3m05s".
+class ElapsedFlag : public spdlog::custom_flag_formatter {
+ public:
+  explicit ElapsedFlag(Clock::time_point start) : start_(start) {}
+  void format(const spdlog::details::log_msg&, const std::tm&, spdlog::memory_buf_t& dest) override {
+    const std::string text = "+" + format_duration(seconds_since(start_));
+    dest.append(text.data(), text.data() + text.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<ElapsedFlag>(start_); }
+
+ private:
+  Clock::time_point start_;
+};
+
+// The start-up checks below are shared by the trainer (fail-fast) and check_run_inputs (all of them).
+
+// --resume as a checkpoint to read, or none; a fresh run refuses a directory holding another
+// run's checkpoints or records.
+std::optional<std::filesystem::path> resume_source(const std::filesystem::path& run_dir, const std::string& resume) {
+  if (resume == "auto") return latest_checkpoint(run_dir);
+  if (!resume.empty()) return std::filesystem::path(resume);
+  if (auto existing = latest_checkpoint(run_dir))
+    throw ConfigError("--out", fmt::format("run directory {} already holds checkpoint {}; continue it with "
+                                           "--resume auto or choose another --out",
+                                           run_dir.string(), existing->filename().string()));
+  // A run that wrote no checkpoint yet still has a record a new run would append to or overwrite.
+  for (const char* record : {"metrics.jsonl", "config.json"}) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::symlink_status(run_dir / record, ec)))
+      throw ConfigError("--out", fmt::format("run directory {} already holds another run's {}; continue that run "
+                                             "with --resume auto or choose another --out",
+                                             run_dir.string(), record));
+  }
+  return std::nullopt;
+}
+
+void require_train_data(const RunConfig& config) {
+  if (config.data.train.empty())
+    throw ConfigError("data.train", "a training token file is required (see data/README.md)");
+}
+
+// A relative data path is read from the working directory (as in nanoGPT and litgpt); a
+// problem with one says which directory that was, e.g. for a resume started elsewhere.
+TokenDataset open_token_data(const char* key, const std::string& spec, int vocab_size) {
+  try {
+    return TokenDataset::open(spec, vocab_size);
+  } catch (const DataError& error) {
+    if (!spec.empty() && std::filesystem::path(spec).is_relative())
+      throw DataError(fmt::format("{}: {} (a relative data path is read from the working directory, {})", key,
+                                  error.what(), std::filesystem::current_path().string()));
+    throw DataError(fmt::format("{}: {}", key, error.what()));
+  }
+}
+
+// Checked at start: with train.eval_every = 0 only the final evaluation reads it, after every step has trained.
+void check_validation_windows(const SequentialWindowSampler& sampler, const RunConfig& config) {
+  if (sampler.window_count() == 0)
+    throw DataError(fmt::format("validation data {} holds no window of train.seq_len + 1 = {} tokens (windows "
+                                "never cross files)",
+                                config.data.val, config.train.seq_len + 1));
+}
+
+// train.sample_prompt as token ids of the model's vocabulary, short enough for its encoding.
+std::vector<std::int32_t> encode_sample_prompt(const RunConfig& config, const Gpt2Tokenizer& tokenizer,
+                                               const PositionEncoding& position) {
+  const TrainConfig& tc = config.train;
+  std::vector<std::int32_t> prompt;
+  for (std::uint16_t id : tokenizer.encode(tc.sample_prompt, SpecialTokens::allowed)) {
+    if (id >= config.model.vocab_size)
+      throw ConfigError("train.sample_prompt", fmt::format("the prompt holds GPT-2 token {}, outside the model's "
+                                                           "vocabulary of {} (model.vocab_size)",
+                                                           id, config.model.vocab_size));
+    prompt.push_back(id);
+  }
+  const long positions = long(prompt.size()) + tc.sample_tokens;
+  if (positions > config.model.context_length && !position.extrapolates())
+    throw ConfigError("train.sample_tokens",
+                      fmt::format("the prompt's {} tokens plus {} new ones exceed the training length {}, past which "
+                                  "model.position.kind {} is not defined",
+                                  prompt.size(), tc.sample_tokens, config.model.context_length,
+                                  config.model.position.kind));
+  return prompt;
+}
+
+// The run's own config.json beside the checkpoint, if readable: what the checkpoint was trained with.
+std::optional<RunConfig> saved_run_config(const std::filesystem::path& checkpoint) {
+  try {
+    return load_config(locate_checkpoint(checkpoint).config_file);
+  } catch (const std::exception&) {
+    return std::nullopt;  // a missing or unreadable config.json only costs the details of a refusal
+  }
+}
+
+// What a refused resume changed, in the config's terms: each hashed key the run's config.json
+// holds another value of, else (no readable config.json) the two hashes.
+std::string describe_config_changes(const std::optional<RunConfig>& saved, const RunConfig& config,
+                                    const std::string& checkpoint_hash, const std::string& hash) {
+  std::vector<std::string> changes;
+  if (saved)
+    for (const ConfigChange& change : config_hash_changes(*saved, config))
+      changes.push_back(fmt::format("{} = {}, this config says {}", change.key, change.before, change.after));
+  if (changes.empty()) return fmt::format("hash {} vs {}", checkpoint_hash, hash);
+  return fmt::format("{}", fmt::join(changes, "; "));
+}
+
+// The trainer.json of the step directory `step_dir`, checked against `config` before any
+// tensor is read: a changed model key would otherwise be reported as a tensor the model does
+// not have, or of another shape.
+TrainerState checked_resume_state(const std::filesystem::path& step_dir, const std::optional<RunConfig>& saved,
+                                  const RunConfig& config) {
+  const TrainerState state = read_trainer_state(step_dir);
+  const std::string hash = config_hash(config);
+  if (state.config_hash != hash)
+    throw ConfigError("--resume", fmt::format("checkpoint {} was trained with a different config ({}); resuming "
+                                              "needs the same model, data and optimizer settings",
+                                              step_dir.string(),
+                                              describe_config_changes(saved, config, state.config_hash, hash)));
+  const TrainConfig& tc = config.train;
+  check_trainer_state(state, {tc.steps, tc.batch_size, tc.max_nonfinite_steps}, (step_dir / "trainer.json").string());
+  return state;
+}
+
+// What creating the run directory and its checkpoints/ would refuse, found without creating anything.
+void check_run_directory(const std::filesystem::path& run_dir) {
+  std::error_code ec;
+  std::filesystem::path existing = run_dir;
+  while (!existing.empty() && !std::filesystem::exists(existing, ec)) existing = existing.parent_path();
+  if (existing.empty()) existing = ".";
+  if (!std::filesystem::is_directory(existing, ec))
+    throw ConfigError("--out", fmt::format("cannot create the run directory {}: {} is not a directory",
+                                           run_dir.string(), existing.string()));
+  if (::access(existing.c_str(), W_OK | X_OK) != 0)
+    throw ConfigError("--out", fmt::format("cannot {} the run directory {}: {} is not writable",
+                                           existing == run_dir ? "write" : "create", run_dir.string(),
+                                           existing.string()));
+  check_checkpoint_directory(run_dir);
+}
+
 }  // namespace
+
+std::vector<InputProblem> check_run_inputs(const RunConfig& config, const TrainerOptions& options) {
+  std::vector<InputProblem> problems;
+  const auto check = [&](auto&& work) {
+    try {
+      work();
+    } catch (const ConfigError& error) {
+      problems.push_back({error.what(), true});
+    } catch (const std::exception& error) {
+      problems.push_back({error.what(), false});
+    }
+  };
+  check([&] { check_run_directory(options.run_dir); });
+  check([&] {
+    if (const auto from = resume_source(options.run_dir, options.resume)) {
+      checked_resume_state(checkpoint_step_directory(*from), saved_run_config(*from), config);
+    } else if (!options.init_from.empty()) {
+      const auto step_dir = checkpoint_step_directory(options.init_from);
+      if (!std::filesystem::is_regular_file(step_dir / "model.safetensors"))
+        throw CheckpointError(fmt::format("--init-from {}: no model.safetensors in {}", options.init_from.string(),
+                                          step_dir.string()));
+    }
+  });
+  if (config.data.kind == DataKind::indirect_indexing) {
+    check([&] { IndirectIndexingTask task(config.data.indirect_indexing); });
+  } else {
+    check([&] {
+      require_train_data(config);
+      const TokenDataset data = open_token_data("data.train", config.data.train, config.model.vocab_size);
+      RandomWindowSampler(data, config.train.seq_len, config.train.seed);
+    });
+    if (!config.data.val.empty())
+      check([&] {
+        const TokenDataset data = open_token_data("data.val", config.data.val, config.model.vocab_size);
+        check_validation_windows(SequentialWindowSampler(data, config.train.seq_len), config);
+      });
+  }
+  if (config.train.sample_every > 0)
+    check([&] { encode_sample_prompt(config, Gpt2Tokenizer::load_default(), *make_position_encoding(config.model)); });
+  return problems;
+}
 
 void Trainer::request_stop(int signal_number) { g_stop_signal.store(signal_number); }
 
@@ -65,8 +239,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
     throw std::invalid_argument("Trainer: a communicator of several ranks needs the backend it was made for");
   validate(config_);
   const bool task = config_.data.kind == DataKind::indirect_indexing;
-  if (!task && config_.data.train.empty())
-    throw ConfigError("data.train", "a training token file is required (see data/README.md)");
+  if (!task) require_train_data(config_);
   run_dir_ = options_.run_dir;
   if (run_dir_.empty()) throw std::invalid_argument("Trainer needs a run directory");
 
@@ -86,25 +259,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   }
 
   // Decide what to resume from before writing anything in the run directory.
-  std::optional<std::filesystem::path> resume_from;
-  if (options_.resume == "auto") {
-    resume_from = latest_checkpoint(run_dir_);
-  } else if (!options_.resume.empty()) {
-    resume_from = std::filesystem::path(options_.resume);
-  } else if (auto existing = latest_checkpoint(run_dir_)) {
-    throw ConfigError("--out", fmt::format("run directory {} already holds checkpoint {}; continue it with "
-                                           "--resume auto or choose another --out",
-                                           run_dir_.string(), existing->filename().string()));
-  } else {
-    // A run that wrote no checkpoint yet still has a record a new run would append to or overwrite.
-    for (const char* record : {"metrics.jsonl", "config.json"}) {
-      std::error_code ec;
-      if (std::filesystem::exists(std::filesystem::symlink_status(run_dir_ / record, ec)))
-        throw ConfigError("--out", fmt::format("run directory {} already holds another run's {}; continue that run "
-                                               "with --resume auto or choose another --out",
-                                               run_dir_.string(), record));
-    }
-  }
+  const std::optional<std::filesystem::path> resume_from = resume_source(run_dir_, options_.resume);
 
   // Rank 0 writes the run log; the other ranks print warnings and errors only, tagged with
   // their rank.
@@ -118,9 +273,12 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
     logger = std::make_shared<spdlog::logger>("pope-train", console);
     logger->set_level(spdlog::level::warn);
   }
-  logger->set_pattern(communicator_->size() > 1
-                          ? fmt::format("[%Y-%m-%d %H:%M:%S] %^%l%$ rank {}: %v", communicator_->rank())
-                          : std::string("[%Y-%m-%d %H:%M:%S] %^%l%$ %v"));
+  auto formatter = std::make_unique<spdlog::pattern_formatter>();
+  formatter->add_flag<ElapsedFlag>('*', Clock::now())
+      .set_pattern(communicator_->size() > 1
+                       ? fmt::format("[%Y-%m-%d %H:%M:%S %*] %^%l%$ rank {}: %v", communicator_->rank())
+                       : std::string("[%Y-%m-%d %H:%M:%S %*] %^%l%$ %v"));
+  logger->set_formatter(std::move(formatter));
   logger_ = logger;
   // The default logger too: an error that ends the run, logged by pope-train's main after the
   // trainer is gone, then reaches train.log as well as the console. Every line is flushed, the
@@ -131,17 +289,13 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   if (task) {
     task_ = std::make_unique<IndirectIndexingTask>(config_.data.indirect_indexing);
   } else {
-    train_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.train, config_.model.vocab_size));
+    train_data_ = std::make_unique<TokenDataset>(open_token_data("data.train", config_.data.train, config_.model.vocab_size));
     train_sampler_ = std::make_unique<RandomWindowSampler>(*train_data_, config_.train.seq_len, config_.train.seed);
   }
   if (!task && !config_.data.val.empty()) {
-    val_data_ = std::make_unique<TokenDataset>(TokenDataset::open(config_.data.val, config_.model.vocab_size));
+    val_data_ = std::make_unique<TokenDataset>(open_token_data("data.val", config_.data.val, config_.model.vocab_size));
     val_sampler_ = std::make_unique<SequentialWindowSampler>(*val_data_, config_.train.seq_len);
-    // Checked now: with train.eval_every = 0 only the final evaluation reads it, after every step has trained.
-    if (val_sampler_->window_count() == 0)
-      throw DataError(fmt::format("validation data {} holds no window of train.seq_len + 1 = {} tokens (windows "
-                                  "never cross files)",
-                                  config_.data.val, config_.train.seq_len + 1));
+    check_validation_windows(*val_sampler_, config_);
   }
 
   if (!backend_) backend_ = make_backend(config_.train.device, "float", config_.train.threads);
@@ -202,42 +356,26 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
 
 Trainer::~Trainer() = default;
 
-namespace {
-
-// What a refused resume changed: the hashed keys whose values differ between the run's
-// config.json and this command's config, else (no readable config.json) the two hashes.
-std::string describe_config_changes(const std::filesystem::path& checkpoint, const RunConfig& config,
-                                    const std::string& checkpoint_hash, const std::string& hash) {
-  try {
-    const std::vector<std::string> changes =
-        config_hash_differences(load_config(locate_checkpoint(checkpoint).config_file), config);
-    if (!changes.empty()) return fmt::format("the run's config.json → this command: {}", fmt::join(changes, "; "));
-  } catch (const std::exception&) {
-    // An unreadable or missing config.json only costs the details.
-  }
-  return fmt::format("hash {} vs {}", checkpoint_hash, hash);
-}
-
-}  // namespace
-
 void Trainer::restore(const std::filesystem::path& checkpoint) {
-  CheckpointData data = load_checkpoint(checkpoint, model_->layout());
-  if (data.state.config_hash != state_.config_hash)
-    throw ConfigError("--resume", fmt::format("checkpoint {} was written with a different config ({}); resuming "
-                                              "needs the same model, data and optimizer settings",
-                                              checkpoint.string(),
-                                              describe_config_changes(checkpoint, config_, data.state.config_hash,
-                                                                      state_.config_hash)));
+  const std::filesystem::path step_dir = checkpoint_step_directory(checkpoint);
+  const std::optional<RunConfig> saved = saved_run_config(checkpoint);
+  checked_resume_state(step_dir, saved, config_);
+  CheckpointData data = load_checkpoint(step_dir, model_->layout());
   if (data.adam_m.empty())
     throw CheckpointError(fmt::format("{} holds weights only (no optimizer.safetensors), so the run cannot be "
                                       "continued exactly; start a new run from its weights with --init-from",
-                                      checkpoint.string()));
+                                      step_dir.string()));
   model_->parameters_from_host(data.params);
   optimizer_->moments_from_host(data.adam_m, data.adam_v);
   state_ = data.state;
-  last_checkpoint_ = checkpoint;
+  last_checkpoint_ = step_dir;
   auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
-  logger.info("resumed from {} at step {}", checkpoint.string(), state_.step);
+  logger.info("resumed from {} at step {}", step_dir.string(), state_.step);
+  if (saved) {
+    const std::string change =
+        describe_schedule_change(config_.optim, state_.step, saved->train.steps, config_.train.steps);
+    if (!change.empty()) logger.warn("{}", change);
+  }
   drop_metrics_from(state_.step + 1);
 }
 
@@ -330,6 +468,25 @@ void Trainer::check_ranks_agree() {
 
 double Trainer::evaluate() { return compute_validation().loss; }
 
+// Until they are timed: an evaluation's forwards at a third of a training step's forward and
+// backward per row, a checkpoint's 12 bytes per parameter (weights and two moments, fp32)
+// at 500 MB/s (a 774M checkpoint takes about 20 s).
+ProgressCosts Trainer::estimated_costs() const {
+  ProgressCosts costs;
+  const double B = config_.train.micro_batch_size;
+  const double rows = task_ ? double(config_.data.indirect_indexing.val_size)
+                      : val_sampler_ ? std::ceil(double(validation_windows()) / B) * B
+                                     : 0.0;
+  costs.evaluation_steps_estimate = rows / double(config_.train.batch_size) / 3.0;
+  costs.checkpoint_seconds_estimate = 12.0 * double(model_->parameter_count()) / 500e6;
+  return costs;
+}
+
+std::uint64_t Trainer::validation_windows() const {
+  return std::min<std::uint64_t>(val_sampler_->window_count(),
+                                 std::uint64_t(config_.train.eval_batches) * std::uint64_t(config_.train.micro_batch_size));
+}
+
 Trainer::Validation Trainer::compute_validation() {
   if (task_) {
     IndirectIndexingScore score = evaluate_indirect_indexing(*model_, *task_, IndirectSplit::val,
@@ -342,7 +499,7 @@ Trainer::Validation Trainer::compute_validation() {
   // Windows spread evenly over the whole validation stream: the first eval_batches·B windows
   // would only see the beginning of the file, often one or two documents.
   const std::uint64_t windows = val_sampler_->window_count();
-  const std::uint64_t wanted = std::min<std::uint64_t>(windows, std::uint64_t(config_.train.eval_batches) * B);
+  const std::uint64_t wanted = validation_windows();
   LossSum total;
   for (std::uint64_t first = 0; first < wanted; first += std::uint64_t(B)) {
     const int filled = int(std::min<std::uint64_t>(std::uint64_t(B), wanted - first));
@@ -363,23 +520,9 @@ Trainer::Validation Trainer::compute_validation() {
 }
 
 void Trainer::prepare_samples() {
-  const TrainConfig& tc = config_.train;
-  if (tc.sample_every <= 0 || !is_root()) return;
+  if (config_.train.sample_every <= 0 || !is_root()) return;
   tokenizer_ = std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load_default());
-  for (std::uint16_t id : tokenizer_->encode(tc.sample_prompt, SpecialTokens::allowed)) {
-    if (id >= config_.model.vocab_size)
-      throw ConfigError("train.sample_prompt", fmt::format("the prompt holds GPT-2 token {}, outside the model's "
-                                                           "vocabulary of {} (model.vocab_size)",
-                                                           id, config_.model.vocab_size));
-    sample_prompt_.push_back(id);
-  }
-  const long positions = long(sample_prompt_.size()) + tc.sample_tokens;
-  if (positions > config_.model.context_length && !model_->position().extrapolates())
-    throw ConfigError("train.sample_tokens",
-                      fmt::format("the prompt's {} tokens plus {} new ones exceed the training length {}, past which "
-                                  "model.position.kind {} is not defined",
-                                  sample_prompt_.size(), tc.sample_tokens, config_.model.context_length,
-                                  config_.model.position.kind));
+  sample_prompt_ = encode_sample_prompt(config_, *tokenizer_, model_->position());
 }
 
 void Trainer::log_sample(long step) {
@@ -397,9 +540,14 @@ void Trainer::log_sample(long step) {
 }
 
 Trainer::Validation Trainer::run_validation(long step) {
+  auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
+  // Before it runs: a long first validation is not a silent one.
+  if (task_)
+    logger.info("step {} | validating on {} examples", step, config_.data.indirect_indexing.val_size);
+  else
+    logger.info("step {} | validating on {} windows", step, validation_windows());
   Validation result = compute_validation();
   state_.last_val_loss = result.loss;
-  auto& logger = *std::static_pointer_cast<spdlog::logger>(logger_);
   nlohmann::json record{{"event", "eval"}, {"step", step}, {"val_loss", result.loss}};
   if (result.score) {
     logger.info("step {} | val loss {:.4f} | val accuracy {:.4f}", step, result.loss, result.score->accuracy());
@@ -422,7 +570,7 @@ void Trainer::fill_training_rows(std::uint64_t first_sample, std::int32_t* input
 
 // phases: the window's mean per step, if timed.
 void Trainer::log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second,
-                        double eta_seconds, const std::optional<StepPhases>& phases) {
+                        std::optional<double> eta_seconds, const std::optional<StepPhases>& phases) {
   if (options_.quiet) return;
   const std::string timing =
       phases ? fmt::format(" | ms/step: fwd+bwd {:.1f}, reduce {:.1f}, update {:.1f}, gather {:.1f}",
@@ -430,9 +578,9 @@ void Trainer::log_train(long step, double loss, double lr, double grad_norm, dou
                            1e3 * phases->gather)
              : std::string();
   std::static_pointer_cast<spdlog::logger>(logger_)->info(
-      "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | ETA {}{}", step,
+      "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | {}{}", step,
       std::to_string(config_.train.steps).size(), config_.train.steps, loss, lr, grad_norm, tokens_per_second,
-      format_duration(eta_seconds), timing);
+      format_eta(eta_seconds), timing);
 }
 
 TrainingSummary Trainer::train() {
@@ -463,8 +611,26 @@ TrainingSummary Trainer::train_steps() {
 
   TrainingSummary summary;
   const auto start = Clock::now();
+  const long last_step = options_.stop_at_step > 0 ? std::min(options_.stop_at_step, tc.steps) : tc.steps;
+  const ProgressPlan plan{last_step, tc.steps, has_validation(), tc.eval_every, options_.write_checkpoints,
+                          tc.checkpoint_every};
+  ProgressCosts costs = estimated_costs();
+  // Checkpoints, evaluations and samples are timed apart: tok/s and the step time count training only.
+  double window_excluded = 0.0;
+  const auto timed = [&](auto&& work) {
+    const auto begin = Clock::now();
+    work();
+    const double seconds = seconds_since(begin);
+    window_excluded += seconds;
+    return seconds;
+  };
+  if (is_root() && state_.step == 0 && has_validation() && tc.eval_every > 0)
+    costs.evaluation_seconds = timed([&] { run_validation(0); });
+
   auto window_start = Clock::now();
+  window_excluded = 0.0;
   long window_steps = 0;
+  bool warmup_window = true;  // holds this process's first step: allocations, the CUDA graph's capture
   StepPhases window_phases;  // summed over the window's steps, with train.phase_timing
   // A resumed run's step is already on disk: a call that takes no step writes nothing.
   long last_saved_step = last_checkpoint_.empty() ? -1 : state_.step;
@@ -472,12 +638,10 @@ TrainingSummary Trainer::train_steps() {
   // each step's reduction and are read with its results.
   bool stop_agreed = false;
   const auto stop_requested = [&] { return ranks > 1 ? stop_agreed : g_stop_signal.load() != 0; };
-  if (is_root() && state_.step == 0 && has_validation() && tc.eval_every > 0) run_validation(0);
 
   // The host runs at most one step ahead of the device: step k is enqueued, then step k−1's
   // results are read (waiting only for k−1) while k runs. Steps that log, evaluate or
   // checkpoint are read at once; the others only feed the non-finite guard, one step late.
-  const long last_step = options_.stop_at_step > 0 ? std::min(options_.stop_at_step, tc.steps) : tc.steps;
   const auto reports_at = [&](long step) {
     return step % tc.log_every == 0 || step == 1 || step == tc.steps || step == last_step ||
            (has_validation() && tc.eval_every > 0 && step % tc.eval_every == 0) ||
@@ -514,16 +678,21 @@ TrainingSummary Trainer::train_steps() {
     // The checkpoint first: a log line, evaluation or sample that fails after it loses no step.
     if (options_.write_checkpoints &&
         ((tc.checkpoint_every > 0 && done.step % tc.checkpoint_every == 0) || done.step == last_step)) {
-      save();
+      costs.checkpoint_seconds = timed([&] { save(); });
       last_saved_step = done.step;
     }
     if (done.step % tc.log_every == 0 || done.step == 1 || done.step == tc.steps) {
-      const double elapsed = seconds_since(window_start);
-      const double tokens_per_second = window_steps * tokens_per_step / std::max(elapsed, 1e-9);
-      const double eta = elapsed / window_steps * double(tc.steps - done.step);
+      const double training_seconds = std::max(seconds_since(window_start) - window_excluded, 1e-9);
+      const double tokens_per_second = window_steps * tokens_per_step / training_seconds;
+      if (!warmup_window) {
+        costs.timed_steps += window_steps;
+        costs.timed_seconds += training_seconds;
+      }
+      warmup_window = false;
       std::optional<StepPhases> phases;
       if (result.phases) phases = window_phases / double(window_steps);
-      log_train(done.step, loss, done.lr, result.optimizer.grad_norm, tokens_per_second, eta, phases);
+      log_train(done.step, loss, done.lr, result.optimizer.grad_norm, tokens_per_second,
+                eta_seconds(plan, costs, done.step), phases);
       nlohmann::json record{{"event", "train"},
                             {"step", done.step},
                             {"loss", loss},
@@ -538,15 +707,17 @@ TrainingSummary Trainer::train_steps() {
                               {"gather", 1e3 * phases->gather}};
       append_metrics(record);
       window_start = Clock::now();
+      window_excluded = 0.0;
       window_steps = 0;
       window_phases = StepPhases{};
     }
     if (is_root() && has_validation() && ((tc.eval_every > 0 && done.step % tc.eval_every == 0) || done.step == tc.steps)) {
-      const Validation validation = run_validation(done.step);
+      Validation validation;
+      costs.evaluation_seconds = timed([&] { validation = run_validation(done.step); });
       summary.last_val_loss = validation.loss;
       if (validation.score) summary.last_val_accuracy = validation.score->accuracy();
     }
-    if (is_root() && tc.sample_every > 0 && done.step % tc.sample_every == 0) log_sample(done.step);
+    if (is_root() && tc.sample_every > 0 && done.step % tc.sample_every == 0) timed([&] { log_sample(done.step); });
   };
 
   std::optional<Enqueued> unread;  // a quiet step whose results have not been read yet

@@ -31,7 +31,10 @@ constexpr int kExitRuntime = 1;
 constexpr int kExitConfig = 2;
 constexpr int kExitAborted = 3;
 
-int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_dir, const pope::World& world) {
+// --dry-run: the plan, then every problem the trainer's start-up checks find (exit 2 if one is
+// a config problem, else 1), without writing anything.
+int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_dir, const pope::World& world,
+               const pope::TrainerOptions& options) {
   const auto position = pope::make_position_encoding(config.model);
   const auto layout = pope::build_parameter_layout(config.model, *position);
   const auto& m = config.model;
@@ -47,6 +50,14 @@ int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_d
               config.train.micro_batch_size, config.grad_accumulation(world.size), world.size,
               world.size == 1 ? "" : "s", pope::launcher_name(world.launcher));
   std::printf("run directory: %s\n", run_dir.string().c_str());
+  const std::vector<pope::InputProblem> problems = pope::check_run_inputs(config, options);
+  bool config_problem = false;
+  for (const pope::InputProblem& problem : problems) {
+    spdlog::error("{}{}", problem.config ? "config error: " : "", problem.message);
+    config_problem = config_problem || problem.config;
+  }
+  if (!problems.empty()) return config_problem ? kExitConfig : kExitRuntime;
+  std::printf("inputs: every start-up check passed\n");
   return 0;
 }
 
@@ -88,7 +99,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-checkpoints", no_checkpoints,
                "write no checkpoint, not even at the end (benchmark and scaling runs); the run cannot be resumed")
       ->excludes("--stop-at");
-  app.add_flag("--dry-run", dry_run, "print the resolved config, parameter count and batch plan, then exit");
+  app.add_flag("--dry-run", dry_run,
+               "print the resolved config, parameter count and batch plan, run every start-up check of the inputs "
+               "(data, run directory, --resume/--init-from, tokenizer) reporting all problems, then exit");
   app.add_flag("-q,--quiet", quiet, "only warnings and errors on the console");
   pope::tools::finish_cli(app, "pope-train");
   try {
@@ -119,7 +132,8 @@ int main(int argc, char** argv) {
     if (run_dir.empty()) run_dir = std::filesystem::path("runs") / pope::resolve_config_path(config_path).stem();
     const pope::EnvLookup env = pope::process_environment();
     world = pope::detect_world(env);
-    if (dry_run) return print_plan(config, run_dir, world);
+    const pope::TrainerOptions options{run_dir, resume, quiet, stop_at, init_from, !no_checkpoints};
+    if (dry_run) return print_plan(config, run_dir, world, options);
 
     std::unique_ptr<pope::Rendezvous> rendezvous = pope::rendezvous_from_environment(world, env);
     if (world.launcher == pope::Launcher::openmpi && pope::MpiSession::available()) {
@@ -132,7 +146,7 @@ int main(int argc, char** argv) {
         pope::make_communicator(world, *backend, rendezvous.get(), pope::communication_timeout(env));
 
     pope::Trainer::install_signal_handlers();
-    pope::Trainer trainer(config, pope::TrainerOptions{run_dir, resume, quiet, stop_at, init_from, !no_checkpoints}, std::move(backend),
+    pope::Trainer trainer(config, options, std::move(backend),
                           std::move(communicator));
     const pope::TrainingSummary summary = trainer.train();
     switch (summary.reason) {

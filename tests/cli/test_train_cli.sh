@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pope-train end to end: help, config and data errors with exit codes, a small run whose
-# validation loss falls, SIGTERM → checkpoint → resume, refusing to overwrite a run, a run
-# without checkpoints, corrupt checkpoints, and the paper configs' parameter counts.
+# validation loss falls, the progress lines, --dry-run's start-up checks, relative data paths,
+# SIGTERM → checkpoint → resume, a changed model key on resume, refusing to overwrite a run, a
+# run without checkpoints, corrupt checkpoints, and the paper configs' parameter counts.
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
@@ -43,9 +44,35 @@ expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/odd.bin/run
 expect_output "--out"
 expect_output "odd.bin/run"
 
+# --dry-run runs the start-up checks and reports every problem at once (data: exit 1) without
+# creating the run directory; a clean one says so and exits 0.
+expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/dry" --dry-run
+expect_output "every start-up check passed"
+[ ! -e "$SCRATCH/dry" ] || fail "--dry-run created the run directory"
+make_tokens "$SCRATCH/short_val.bin" 20 3
+mkdir -p "$SCRATCH/dry_bad" && : >"$SCRATCH/dry_bad/checkpoints"
+expect_exit 1 "$TRAIN" --config "$SCRATCH/tiny.json" --set data.train="$SCRATCH/absent.bin" \
+  --set data.val="$SCRATCH/short_val.bin" --out "$SCRATCH/dry_bad" --dry-run
+expect_output "data.train: .*absent.bin"
+expect_output "short_val.bin holds no window of train.seq_len + 1 = 33 tokens"
+expect_output "checkpoints\" exists and is not a directory"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --set train.sample_every=10 --set train.sample_prompt=zz \
+  --out "$SCRATCH/dry" --dry-run
+expect_output "train.sample_prompt"
+
+# Relative data paths are read from the working directory: a run started elsewhere is told which.
+(cd "$SCRATCH" && expect_exit 0 "$TRAIN" --config tiny.json --set data.train=train.bin --out dry --dry-run)
+mkdir -p "$SCRATCH/elsewhere"
+(cd "$SCRATCH/elsewhere" && expect_exit 1 "$TRAIN" --config ../tiny.json --set data.train=train.bin --out dry --dry-run)
+expect_output "a relative data path is read from the working directory, $SCRATCH/elsewhere"
+
 # A real run: validation loss falls; the run directory holds config, metrics, log, checkpoints.
+# Log lines carry the elapsed time; the ETA waits for a timed window; each validation announces itself.
 expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/run"
 expect_output "val loss"
+expect_output "\] info step  1/60 .* | ETA (estimating)"
+expect_output "\] info step 20/60 .* | ETA [0-9]"
+expect_output ":[0-9][0-9] +[0-9]*s\] info step 0 | validating on 32 windows"
 for f in config.json metrics.jsonl train.log checkpoints/step_00000060/model.safetensors; do
   [ -e "$SCRATCH/run/$f" ] || fail "run directory lacks $f"
 done
@@ -78,6 +105,14 @@ expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=100000 --
   --out "$SCRATCH/term" --resume auto --stop-at $((stopped_at + 3))
 expect_output "resumed from"
 
+# Another model.position.kind on resume is named as the config key, before any tensor is read (exit 2).
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=100000 --set train.checkpoint_every=0 \
+  --set model.position.kind=rope --out "$SCRATCH/term" --resume auto
+expect_output 'model.position.kind = "pope", this config says "rope"'
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=100000 --set train.checkpoint_every=0 \
+  --set model.position.kind=rope --out "$SCRATCH/term" --resume auto --dry-run
+expect_output 'model.position.kind = "pope", this config says "rope"'
+
 # --no-checkpoints: the run trains and writes no checkpoint at all (not even the last);
 # with --stop-at (which checkpoints) it is a usage error.
 expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=25 --out "$SCRATCH/bench" --no-checkpoints
@@ -93,9 +128,10 @@ truncate -s 100 "$latest/model.safetensors"
 expect_exit 1 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/run" --resume auto
 expect_output "model.safetensors"
 
-# The paper's configs load and report their parameter counts.
+# The paper's configs load and report their parameter counts (on this test's tokens: --dry-run checks the data).
 for pair in owt_124m:123.5M owt_253m:252.8M owt_774m:772.1M; do
-  expect_exit 0 "$TRAIN" --config "${pair%%:*}" --dry-run
+  expect_exit 0 "$TRAIN" --config "${pair%%:*}" --set data.train="$SCRATCH/train.bin" --set data.val="$SCRATCH/val.bin" \
+    --out "$SCRATCH/paper" --dry-run
   expect_output "${pair#*:} in weight matrices"
 done
 echo "PASS"

@@ -430,6 +430,25 @@ TEST(Checkpoint, NonFiniteValuesAreRefusedNamingTheTensor) {
   }
 }
 
+// AdamW's second moments are means of squared gradients: a negative one is damage (the square
+// root of the update would be NaN). First moments may be negative.
+TEST(Checkpoint, ANegativeSecondMomentIsRefusedNamingTheTensor) {
+  ScratchDir run;
+  const auto layout = tiny_layout();
+  auto data = full_checkpoint(layout, 6);
+  data.adam_v[static_cast<std::size_t>(layout.offset(2)) + 5] = -1e-3f;  // layers.0.attn.qkv.weight[5]
+  const auto dir = save_checkpoint(run.path(), layout, data, 1);
+  const std::string message = thrown_message<CheckpointError>([&] { load_checkpoint(dir, layout); });
+  EXPECT_NE(message.find("optimizer.safetensors"), std::string::npos) << message;
+  EXPECT_NE(message.find("tensor 'v.layers.0.attn.qkv.weight' has 1 negative values (the first at element 5), "
+                         "expected AdamW second moments >= 0"),
+            std::string::npos)
+      << message;
+  ASSERT_LT(*std::min_element(data.adam_m.begin(), data.adam_m.end()), 0.0f);
+  data.adam_v = arena_values(layout, 1e-3f);
+  EXPECT_EQ(load_checkpoint(save_checkpoint(run.path(), layout, data, 1), layout).adam_m, data.adam_m);
+}
+
 TEST(Checkpoint, BadPathsAndArgumentsAreCheckpointErrors) {
   ScratchDir run;
   const auto layout = tiny_layout();
@@ -489,6 +508,51 @@ TEST(TrainerState, JsonRoundTripAndFieldErrors) {
   EXPECT_THROW(TrainerState::from_json(json, "t.json"), CheckpointError);
   json["step"] = 12;  // a signed integer, as JSON built in code holds it
   EXPECT_EQ(TrainerState::from_json(json, "t.json").step, 12);
+
+  // Values no trainer writes: xoshiro256**'s all-zero state, a negative loss.
+  json = state.to_json();
+  json["rng"] = {"0", "0", "0", "0"};
+  message = thrown_message<CheckpointError>([&] { TrainerState::from_json(json, "t.json"); });
+  EXPECT_NE(message.find("t.json: \"rng\" is [\"0\",\"0\",\"0\",\"0\"], expected a xoshiro256** state, which is "
+                         "never all zeros"),
+            std::string::npos)
+      << message;
+  json = state.to_json();
+  json["last_val_loss"] = -0.5;
+  message = thrown_message<CheckpointError>([&] { TrainerState::from_json(json, "t.json"); });
+  EXPECT_NE(message.find("t.json: \"last_val_loss\" is -0.5, expected a number >= 0 or null"), std::string::npos)
+      << message;
+}
+
+// The run's config bounds its trainer.json: the step within train.steps, one global batch
+// drawn per step, fewer consecutive non-finite steps than abort the run.
+TEST(TrainerState, ChecksAgainstTheRunsLimitsNameTheField) {
+  TrainerState state;
+  state.step = 3;
+  state.samples_consumed = 24;
+  state.consecutive_nonfinite = 4;
+  const TrainerStateLimits limits{.steps = 10, .batch_size = 8, .max_nonfinite_steps = 5};
+  EXPECT_NO_THROW(check_trainer_state(state, limits, "t.json"));
+  const auto refusal = [&](TrainerState tampered, const TrainerStateLimits& bounds) {
+    return thrown_message<CheckpointError>([&] { check_trainer_state(tampered, bounds, "t.json"); });
+  };
+  TrainerState tampered = state;
+  tampered.samples_consumed = 25;
+  EXPECT_NE(refusal(tampered, limits).find("t.json: \"samples_consumed\" is 25, expected step × train.batch_size = "
+                                           "3 × 8 = 24"),
+            std::string::npos);
+  tampered.samples_consumed = 24 + (std::uint64_t{1} << 63);  // 3 × 8 modulo 2^64: the product must not wrap
+  EXPECT_NE(refusal(tampered, limits).find("\"samples_consumed\" is 9223372036854775832"), std::string::npos);
+  tampered = state;
+  tampered.consecutive_nonfinite = 5;
+  EXPECT_NE(refusal(tampered, limits).find("\"consecutive_nonfinite\" is 5, expected at most 4 (the run aborts at "
+                                           "train.max_nonfinite_steps = 5)"),
+            std::string::npos);
+  tampered.consecutive_nonfinite = 0;
+  EXPECT_NO_THROW(check_trainer_state(tampered, {.steps = 10, .batch_size = 8, .max_nonfinite_steps = 0}, "t.json"));
+  EXPECT_NE(refusal(state, {.steps = 2, .batch_size = 8, .max_nonfinite_steps = 5})
+                .find("\"step\" is 3, expected at most train.steps = 2"),
+            std::string::npos);
 }
 
 TEST(WriteFileAtomic, ReplacesContentsAndReportsFailures) {

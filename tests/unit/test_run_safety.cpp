@@ -1,7 +1,7 @@
 // Work that must never be lost: inputs checked before the first step, the final checkpoint
 // written before anything that can still fail, SIGHUP stopping like SIGTERM, another run's
 // records left alone, the checkpoint directory checked at start, no step logged twice, no
-// non-finite checkpoint.
+// non-finite checkpoint, no tampered trainer state resumed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -132,4 +132,33 @@ TEST_F(RunSafetyTest, ADivergedRunWritesNoNonFiniteCheckpoint) {
   EXPECT_NE(message.find("non-finite values"), std::string::npos) << message;
   EXPECT_NE(message.find("no checkpoint written"), std::string::npos) << message;
   EXPECT_EQ(latest_checkpoint(dir_ / "run")->filename(), "step_00000002");
+}
+
+// A trainer.json edited by hand (or damaged) is refused on resume, naming the file, the field
+// and what was expected, before any weight is loaded; so is a train.steps below the run's step.
+TEST_F(RunSafetyTest, ATamperedTrainerStateIsRefusedNamingTheField) {
+  config_.train.checkpoint_every = 2;
+  Trainer(config_, options("run", "", 2)).train();
+  const auto trainer_file = *latest_checkpoint(dir_ / "run") / "trainer.json";
+  const auto original = nlohmann::json::parse(std::ifstream(trainer_file));
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {{{"samples_consumed", 17}}, "\"samples_consumed\" is 17, expected step × train.batch_size = 2 × 8 = 16"},
+      {{{"consecutive_nonfinite", 5}}, "\"consecutive_nonfinite\" is 5, expected at most 4"},
+      {{{"rng", {"0", "0", "0", "0"}}}, "\"rng\" is [\"0\",\"0\",\"0\",\"0\"], expected a xoshiro256** state"},
+      {{{"last_val_loss", -1}}, "\"last_val_loss\" is -1, expected a number >= 0 or null"}};
+  for (const auto& [patch, expected] : cases) {
+    nlohmann::json tampered = original;
+    tampered.update(patch);
+    std::ofstream(trainer_file) << tampered.dump();
+    const std::string message = thrown_message<CheckpointError>([&] { Trainer(config_, options("run", "auto")); });
+    EXPECT_NE(message.find(trainer_file.string() + ": " + expected), std::string::npos) << message;
+  }
+  std::ofstream(trainer_file) << original.dump();
+  config_.train.steps = 1;
+  const std::string message = thrown_message<CheckpointError>([&] { Trainer(config_, options("run", "auto")); });
+  EXPECT_NE(message.find(trainer_file.string() + ": \"step\" is 2, expected at most train.steps = 1"),
+            std::string::npos)
+      << message;
+  config_.train.steps = 12;
+  EXPECT_EQ(Trainer(config_, options("run", "auto")).step(), 2);
 }

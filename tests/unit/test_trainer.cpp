@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pope/train.hpp"
+#include "scratch_dir.hpp"
 #include "trainer_fixture.hpp"
 
 using namespace pope;
@@ -137,7 +138,8 @@ TEST_F(TrainerTest, ResumeWithADifferentConfigIsAnError) {
     const std::string message = e.what();
     EXPECT_NE(message.find("different config"), std::string::npos) << message;
     // The key that changed, with the run's value and this config's, read from the run's config.json.
-    EXPECT_NE(message.find("optim.lr: " + nlohmann::json(lr).dump() + " → " + nlohmann::json(lr * 2).dump()),
+    EXPECT_NE(message.find("optim.lr = " + nlohmann::json(lr).dump() + ", this config says " +
+                           nlohmann::json(lr * 2).dump()),
               std::string::npos)
         << message;
   }
@@ -145,6 +147,36 @@ TEST_F(TrainerTest, ResumeWithADifferentConfigIsAnError) {
   config_.train.steps = 20;  // the number of steps may change on resume
   Trainer third(config_, options("run", "auto"));
   EXPECT_EQ(third.step(), 2);
+}
+
+// A changed architecture key is reported as the config key it is, before any tensor is read
+// (it was "model.safetensors has tensors the model does not have").
+TEST_F(TrainerTest, ResumeWithAnotherPositionKindNamesTheKey) {
+  Trainer(config_, options("run", "", 2)).train();
+  config_.model.position.kind = "rope";
+  const std::string message = pope::testing::thrown_message<ConfigError>([&] { Trainer(config_, options("run", "auto")); });
+  EXPECT_NE(message.find("was trained with a different config (model.position.kind = \"pope\", this config says "
+                         "\"rope\")"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("tensor"), std::string::npos) << message;
+}
+
+// A resume under a larger train.steps stretches the decay: one warning names both ends and
+// the learning rates under each; the same train.steps warns of nothing.
+TEST_F(TrainerTest, ExtendingTrainStepsOnResumeWarnsOfTheStretchedSchedule) {
+  Trainer(config_, options("run", "", 4)).train();
+  const auto warnings = [&] {
+    std::ifstream in(dir_ / "run" / "train.log");
+    long count = 0;
+    for (std::string line; std::getline(in, line);) count += line.find("train.steps is 24 instead of the run's 12") != std::string::npos;
+    return count;
+  };
+  Trainer(config_, options("run", "auto", 6)).train();
+  EXPECT_EQ(warnings(), 0);
+  config_.train.steps = 24;
+  Trainer(config_, options("run", "auto", 8)).train();
+  EXPECT_EQ(warnings(), 1);
 }
 
 // With log_every > 1, quiet steps are read one step late (while the next runs); the guard
