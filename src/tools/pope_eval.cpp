@@ -7,9 +7,11 @@
 // Exit codes: 0 done, 1 data/checkpoint/runtime error, 2 usage or config error.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -70,14 +72,44 @@ pope::EvalCheckpoint open_checkpoint(const Options& o, const std::string& path) 
   }
 }
 
-void print_progress(const pope::LengthResult& r, void* context) {
-  const auto* label = static_cast<const std::string*>(context);
+// A forward that overflows (a finite but huge weight) gives NaN or infinite losses, which would be
+// printed as a table of "-nan" and exit 0: refused, naming the checkpoint and the length.
+void require_finite(const pope::LengthResult& r, const std::string& checkpoint) {
+  if (r.windows == 0 || (std::isfinite(r.perplexity()) && std::isfinite(r.tail_perplexity()))) return;
+  throw std::runtime_error(fmt::format("{}: the mean NLL at length {} is {} (perplexity {}), not a finite number: the "
+                                       "model's forward overflows or reads a non-finite value; no results written",
+                                       checkpoint, r.length, r.mean_nll(), r.perplexity()));
+}
+
+// What the sweep's callback sees of the checkpoint being evaluated.
+struct SweepContext {
+  std::string label, checkpoint;
+  bool quiet = false;
+};
+
+// After each length: refuses a non-finite result at once, then reports the length.
+void on_length(const pope::LengthResult& r, void* context) {
+  const auto& sweep = *static_cast<const SweepContext*>(context);
+  require_finite(r, sweep.checkpoint);
+  if (sweep.quiet) return;
   if (r.windows == 0) {
-    spdlog::warn("{} | length {}: no book holds a window of {} tokens; skipped", *label, r.length, r.length + 1);
+    spdlog::warn("{} | length {}: no book holds a window of {} tokens; skipped", sweep.label, r.length, r.length + 1);
     return;
   }
-  spdlog::info("{} | length {:>6} | {} windows × {} per forward | ppl {:.3f} | tail ppl {:.3f} | {:.0f} tok/s", *label,
-               r.length, r.windows, r.batch, r.perplexity(), r.tail_perplexity(), r.tokens_per_second());
+  spdlog::info("{} | length {:>6} | {} windows × {} per forward | ppl {:.3f} | tail ppl {:.3f} | {:.0f} tok/s",
+               sweep.label, r.length, r.windows, r.batch, r.perplexity(), r.tail_perplexity(), r.tokens_per_second());
+}
+
+// A length L takes a book of at least L + 1 tokens; evaluating when no length fits any book
+// would report nothing but NaN.
+void require_a_window(const pope::TokenDataset& data, const std::vector<int>& lengths, const std::string& lengths_text,
+                      const std::string& data_path) {
+  std::size_t longest_book = 0;
+  for (const auto& file : data.files()) longest_book = std::max(longest_book, file.size());
+  if (std::none_of(lengths.begin(), lengths.end(), [&](int L) { return std::size_t(L) + 1 <= longest_book; }))
+    throw pope::ConfigError("--lengths", fmt::format("no length in '{}' fits a window of {}: a length L takes a book "
+                                                     "of at least L + 1 tokens, and its longest holds {}",
+                                                     lengths_text, data_path, longest_book));
 }
 
 void write_outputs(const Options& o, const pope::EvalReport& report) {
@@ -91,7 +123,6 @@ void write_outputs(const Options& o, const pope::EvalReport& report) {
 int run_length_sweep(const Options& o) {
   if (o.checkpoints.empty()) throw pope::ConfigError("--checkpoint", "at least one checkpoint is required");
   if (o.data.empty()) throw pope::ConfigError("--data", "a token file or directory of books is required");
-  if (o.lengths.empty()) throw pope::ConfigError("--lengths", "required, e.g. --lengths 1024:10240:1024");
   if (!o.labels.empty() && o.labels.size() != o.checkpoints.size())
     throw pope::ConfigError("--label", fmt::format("{} labels for {} checkpoints; give one per --checkpoint or none",
                                                    o.labels.size(), o.checkpoints.size()));
@@ -100,7 +131,7 @@ int run_length_sweep(const Options& o) {
                                       "scripts/setup.sh); leave out --plot, write --csv and plot it with "
                                       "scripts/plot_lengths.sh where gnuplot is");
   pope::LengthSweepOptions sweep = o.sweep;
-  sweep.lengths = pope::parse_lengths(o.lengths);
+  if (!o.lengths.empty()) sweep.lengths = pope::parse_lengths(o.lengths);
 
   // Everything that can be refused is checked before the first (possibly long) forward.
   std::vector<pope::EvalCheckpoint> checkpoints;
@@ -114,19 +145,20 @@ int run_length_sweep(const Options& o) {
     vocab_size = std::min(vocab_size, checkpoint.config.model.vocab_size);
     checkpoints.push_back(std::move(checkpoint));
   }
+  // Without --lengths: each checkpoint's training length, the one its validation loss was measured at.
+  if (o.lengths.empty()) {
+    for (const auto& checkpoint : checkpoints) sweep.lengths.push_back(checkpoint.config.train.seq_len);
+    std::sort(sweep.lengths.begin(), sweep.lengths.end());
+    sweep.lengths.erase(std::unique(sweep.lengths.begin(), sweep.lengths.end()), sweep.lengths.end());
+  }
+  const std::string lengths_text =
+      o.lengths.empty() ? fmt::format("{} (the training length)", fmt::join(sweep.lengths, ",")) : o.lengths;
 
   // The books are opened (memory-mapped and checked) once for all checkpoints, against the
   // smallest vocabulary among them.
   const pope::TokenDataset data = pope::TokenDataset::open(o.data, vocab_size);
-  // A length longer than every book is reported with 0 windows (a sweep may outgrow short
-  // books); a sweep where no length fits would report nothing but NaN.
-  std::size_t longest_book = 0;
-  for (const auto& file : data.files()) longest_book = std::max(longest_book, file.size());
-  if (std::none_of(sweep.lengths.begin(), sweep.lengths.end(),
-                   [&](int L) { return std::size_t(L) + 1 <= longest_book; }))
-    throw pope::ConfigError("--lengths", fmt::format("no length in '{}' fits a window of {}: a length L takes a book "
-                                                     "of at least L + 1 tokens, and its longest holds {}",
-                                                     o.lengths, o.data, longest_book));
+  // A length longer than every book is reported with 0 windows (a sweep may outgrow short books).
+  require_a_window(data, sweep.lengths, lengths_text, o.data);
   auto backend = pope::make_backend(*pope::enum_from_name<pope::DeviceChoice>(o.device), "float", o.threads);
 
   pope::EvalReport report;
@@ -136,7 +168,7 @@ int run_length_sweep(const Options& o) {
   report.device = backend->description();
   report.options = sweep;
   spdlog::info("pope-eval: {} | {} book(s), {} tokens | lengths {}", report.device, report.files, report.data_tokens,
-               o.lengths);
+               lengths_text);
   for (const auto& checkpoint : checkpoints) {
     auto model = pope::load_eval_model(checkpoint, *backend);
     pope::EvalCurve curve;
@@ -147,8 +179,8 @@ int run_length_sweep(const Options& o) {
     curve.train_length = checkpoint.config.train.seq_len;
     spdlog::info("{}: {} at step {} ({}, trained at {})", curve.label, curve.checkpoint, curve.step, curve.position,
                  curve.train_length);
-    std::string label = curve.label;
-    curve.results = pope::sweep_lengths(*model, data, sweep, o.quiet ? nullptr : print_progress, &label);
+    SweepContext context{curve.label, curve.checkpoint, o.quiet};
+    curve.results = pope::sweep_lengths(*model, data, sweep, on_length, &context);
     report.curves.push_back(std::move(curve));
   }
   write_outputs(o, report);
@@ -209,6 +241,10 @@ int run_indirect_indexing(const Options& o) {
 // Gates, order masses and energies of every layer and head; with --data, the ΔNLL of leaving
 // out each order and each sector, measured on windows of the training length.
 int run_diagnostics(const Options& o) {
+  for (const char* flag : {"--csv", "--plot", "--plot-csv", "--train-len", "--tail"})
+    if (o.was_given(flag))
+      throw pope::ConfigError(flag, "is not read by --diagnostics (it belongs to the length sweep); --json writes "
+                                    "the diagnostics");
   LoadedCheckpoint loaded = load_single_checkpoint(o, "--diagnostics");
   const pope::RunConfig& config = loaded.checkpoint.config;
   const std::vector<int> lengths = o.lengths.empty() ? std::vector<int>{config.train.seq_len}
@@ -220,12 +256,16 @@ int run_diagnostics(const Options& o) {
   pope::PjDiagnostics report = pope::compute_pj_diagnostics(config.model, model.layout(), parameters, lengths[0]);
   if (!o.data.empty()) {
     const pope::TokenDataset data = pope::TokenDataset::open(o.data, config.model.vocab_size);
+    require_a_window(data, lengths, o.lengths.empty() ? fmt::format("{} (the training length)", lengths[0]) : o.lengths,
+                     o.data);
     pope::LengthSweepOptions sweep = o.sweep;
     sweep.lengths = lengths;
     if (sweep.max_windows == 0) sweep.max_windows = 256;  // each ablation is one such evaluation
     pope::add_pj_ablations(report, config.model, model.layout(), parameters, [&](std::span<const float> values) {
       model.parameters_from_host(values);
-      return pope::sweep_lengths(model, data, sweep, nullptr, nullptr).front().mean_nll();
+      const pope::LengthResult result = pope::sweep_lengths(model, data, sweep, nullptr, nullptr).front();
+      require_finite(result, loaded.checkpoint.step_dir.string());
+      return result.mean_nll();
     });
     model.parameters_from_host(parameters);
   }
@@ -371,7 +411,8 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "token file (llm.c or nanoGPT .bin), directory of them (one file = one book) or "
                                    "glob");
   app.add_option("--lengths", o.lengths, "FIRST:LAST:STEP (inclusive), a comma-separated list or one length; at "
-                                         "most " + std::to_string(pope::kMaxEvalLengths) + " lengths");
+                                         "most " + std::to_string(pope::kMaxEvalLengths) + " lengths (default: the "
+                                         "checkpoints' training length, train.seq_len)");
   app.add_option("--tail", o.sweep.tail, "also report the perplexity of the last N positions of each window")
       ->default_val(1024)
       ->check(pope::tools::integer_check(o.sweep.tail, 1));

@@ -35,8 +35,6 @@ for opt in --checkpoint --data --lengths --tail --max-batch-tokens --max-windows
 done
 
 # Usage and config errors: exit 2, naming the flag or key.
-expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books"
-expect_output "--lengths"
 expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 64:32:8
 expect_output "--lengths"
 expect_exit 2 "$EVAL" --checkpoint "$SCRATCH/pope" --data "$SCRATCH/books" --lengths 32 --rope-scaling yarn

@@ -3,7 +3,9 @@
 # more lengths than the bound (they used to be expanded without end), malformed --lengths,
 # --threads past its bound (100000 crashed), negative --max-windows (it wrapped to "all
 # windows"), RoPE scaling parameters without the --rope-scaling kind that reads them (they were
-# ignored) and bad scaling values (they were blamed on the run's config.json).
+# ignored) and bad scaling values (they were blamed on the run's config.json); the default
+# --lengths (the training length), a non-finite perplexity (exit 1, no table) and --diagnostics'
+# refusals (data too short for a window, the sweep's --csv and --plot).
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 EVAL="$POPE_BIN/pope-eval"
@@ -88,4 +90,39 @@ import json, sys
 curve = json.load(open(sys.argv[1]))["curves"][0]
 assert curve["position"].startswith("rope+yarn(s=4 a=2 b=16"), curve["position"]
 PY
+
+# Without --lengths the sweep evaluates the training length (train.seq_len 16).
+expect_exit 0 "$EVAL" "${ARGS[@]}" --threads 1
+expect_output "lengths 16 (the training length)"
+grep -Eq '^ +16 +124 +1984 ' "$SCRATCH/out" || { cat "$SCRATCH/out" >&2; fail "no row for the training length 16"; }
+
+# A finite but huge weight overflows the forward: an error with exit 1, not a table of -nan.
+cp -r "$SCRATCH/run" "$SCRATCH/huge"
+python3 - "$SCRATCH/huge" <<'PY' || fail "could not enlarge the checkpoint copy's weight"
+import glob, json, struct, sys
+path = sorted(glob.glob(sys.argv[1] + "/checkpoints/step_*/model.safetensors"))[-1]
+data = bytearray(open(path, "rb").read())
+header = struct.unpack("<Q", data[:8])[0]
+begin, end = json.loads(data[8:8 + header])["final_norm.weight"]["data_offsets"]
+data[8 + header + begin:8 + header + end] = struct.pack("<f", 3e38) * ((end - begin) // 4)
+open(path, "wb").write(data)
+PY
+expect_exit 1 "$EVAL" --checkpoint "$SCRATCH/huge" --data "$SCRATCH/val.bin" --device cpu --lengths 16 \
+  --csv "$SCRATCH/huge.csv"
+expect_output "huge/checkpoints/step_00000002: the mean NLL at length 16 is -\?nan (perplexity -\?nan), not a finite number"
+[ ! -e "$SCRATCH/huge.csv" ] || fail "a CSV was written for a non-finite perplexity"
+
+# --diagnostics (a PJ-RoPE checkpoint): data too short for one window is refused, not a NaN ΔNLL;
+# the length sweep's --csv and --plot are refused, not ignored.
+expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --set model.position.kind=full --out "$SCRATCH/pj" -q
+make_tokens "$SCRATCH/short.bin" 10 3
+expect_exit 2 "$EVAL" --diagnostics --checkpoint "$SCRATCH/pj" --data "$SCRATCH/short.bin" --device cpu
+expect_output "--lengths: no length in '16 (the training length)' fits a window of .*short.bin"
+for flag in --csv --plot; do
+  expect_exit 2 "$EVAL" --diagnostics --checkpoint "$SCRATCH/pj" --device cpu "$flag" "$SCRATCH/diag.out"
+  expect_output "$flag: is not read by --diagnostics"
+done
+expect_exit 0 "$EVAL" --diagnostics --checkpoint "$SCRATCH/pj" --data "$SCRATCH/val.bin" --device cpu
+expect_output "leave-sector-out affine"
+if grep -q nan "$SCRATCH/out"; then cat "$SCRATCH/out" >&2; fail "the diagnostics hold a NaN"; fi
 echo "PASS"
