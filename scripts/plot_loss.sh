@@ -62,7 +62,8 @@ def tokens_per_step(run_dir):
     return per_step
 
 def read_run(spec):
-    path = spec if os.path.basename(spec) == "metrics.jsonl" and not os.path.isdir(spec) else os.path.join(spec, "metrics.jsonl")
+    is_file = os.path.basename(spec) == "metrics.jsonl" and not os.path.isdir(spec)
+    path = spec if is_file else os.path.join(spec, "metrics.jsonl")
     run_dir = os.path.dirname(os.path.abspath(path))
     if not os.path.isfile(path):
         die(f"{path}: no such file (expected a pope-train run directory or its metrics.jsonl)")

@@ -8,7 +8,9 @@
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train" DATA="$POPE_BIN/pope-data" EVAL="$POPE_BIN/pope-eval"
 SAMPLE="$POPE_BIN/pope-sample" EXPORT="$POPE_BIN/pope-export"
-for tool in "$TRAIN" "$DATA" "$EVAL" "$SAMPLE" "$EXPORT"; do [ -x "$tool" ] || { echo "SKIP: $tool not built"; exit 77; }; done
+for tool in "$TRAIN" "$DATA" "$EVAL" "$SAMPLE" "$EXPORT"; do
+  [ -x "$tool" ] || { echo "SKIP: $tool not built"; exit 77; }
+done
 
 # limited KIB CMD…: CMD with every file it writes capped at KIB KiB, as a disk that fills there;
 # its output passes through a pipe, so that the file the caller keeps it in is not capped.
@@ -29,11 +31,11 @@ failures=()
 problem() { echo "FAIL: $*" >&2; failures+=("$*"); }
 # fails_naming CASE TEXT CMD…: CMD must exit 1 (not 0, not a crash or a timeout) with TEXT in its output.
 fails_naming() {
-  local name=$1 want=$2; shift 2
+  local name=$1 want=$2 why=""; shift 2
   set +e; "$@" >"$SCRATCH/out" 2>&1; local code=$?; set -e
-  if [ "$code" -ne 1 ]; then sed 's/^/    /' "$SCRATCH/out" | tail -5 >&2; problem "$name: exit $code, expected 1"
-  elif ! grep -qF -- "$want" "$SCRATCH/out"; then sed 's/^/    /' "$SCRATCH/out" | tail -5 >&2; problem "$name: the message lacks '$want'"
-  fi
+  if [ "$code" -ne 1 ]; then why="exit $code, expected 1"
+  elif ! grep -qF -- "$want" "$SCRATCH/out"; then why="the message lacks '$want'"; fi
+  [ -z "$why" ] || { tail -5 "$SCRATCH/out" | sed 's/^/    /' >&2; problem "$name: $why"; }
 }
 # no_temporaries CASE DIR: an atomic write that failed removed its hidden temporary file.
 no_temporaries() {
@@ -62,21 +64,21 @@ fails_naming "train: config.json" "config.json\": File too large" limited 1 "$TR
   --out "$SCRATCH/t_config" -q
 no_temporaries "train: config.json" "$SCRATCH/t_config"
 # metrics.jsonl grows past 4 KiB after ~20 steps (-q: train.log stays small).
-fails_naming "train: metrics.jsonl" "metrics.jsonl" limited 4 "$TRAIN" --config "$SCRATCH/tiny.json" \
+fails_naming "train: metrics.jsonl" "metrics.jsonl: File too large" limited 4 "$TRAIN" --config "$SCRATCH/tiny.json" \
   --out "$SCRATCH/t_metrics" -q --no-checkpoints
 # train.log: a resumed run whose log already nearly fills its 40 KiB (checkpoints fit below that).
 cp -a "$SCRATCH/base" "$SCRATCH/t_log"
 python3 -c "import sys; f = open(sys.argv[1], 'a'); f.write('#' * (40 * 1024 - 200 - f.tell()) + '\n')" \
   "$SCRATCH/t_log/train.log"
-fails_naming "train: train.log" "train.log" limited 40 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/t_log" \
-  --resume auto --stop-at 8
+fails_naming "train: train.log" "train.log: File too large" limited 40 "$TRAIN" --config "$SCRATCH/tiny.json" \
+  --out "$SCRATCH/t_log" --resume auto --stop-at 8
 # A checkpoint: model.safetensors fits in 20 KiB, optimizer.safetensors does not. The run names the
 # file; step 4 stays complete and the run resumes from it once there is room.
 cp -a "$SCRATCH/base" "$SCRATCH/t_ckpt"
 fails_naming "train: checkpoint" "step_00000006.tmp/optimizer.safetensors\": File too large" \
   limited 20 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/t_ckpt" -q --resume auto --stop-at 8
 no_temporaries "train: checkpoint" "$SCRATCH/t_ckpt"
-[ ! -e "$SCRATCH/t_ckpt/checkpoints/step_00000006" ] || problem "train: checkpoint: an incomplete step 6 counts as written"
+[ ! -e "$SCRATCH/t_ckpt/checkpoints/step_00000006" ] || problem "train: checkpoint: a step 6 appeared"
 for f in model.safetensors optimizer.safetensors trainer.json; do
   cmp -s "$SCRATCH/base/checkpoints/step_00000004/$f" "$SCRATCH/t_ckpt/checkpoints/step_00000004/$f" ||
     problem "train: checkpoint: step 4's $f changed"
@@ -91,8 +93,8 @@ export POPE_TOKENIZER_DIR="$POPE_SOURCE_DIR/data/tokenizer"
 if [ -f "$POPE_TOKENIZER_DIR/encoder.json" ] && "$DATA" encode x >/dev/null 2>&1; then
   mkdir "$SCRATCH/text"
   head -c 300000 /dev/urandom | base64 >"$SCRATCH/text/a.txt"
-  fails_naming "tokenize: a shard" "tokens/train_000000.bin\": File too large" limited 64 "$DATA" tokenize -i "$SCRATCH/text" \
-    -o "$SCRATCH/tokens" --val-fraction 0 -q
+  fails_naming "tokenize: a shard" "tokens/train_000000.bin\": File too large" limited 64 "$DATA" tokenize \
+    -i "$SCRATCH/text" -o "$SCRATCH/tokens" --val-fraction 0 -q
   [ -e "$SCRATCH/tokens/tokenize.incomplete" ] || problem "tokenize: no incomplete marker after the failed write"
   [ -z "$(ls "$SCRATCH/tokens" | grep '\.bin$')" ] || problem "tokenize: a shard was left: $(ls "$SCRATCH/tokens")"
   no_temporaries "tokenize: a shard" "$SCRATCH/tokens"
@@ -138,7 +140,8 @@ if [ "$(id -u)" -eq 0 ] && mount -t tmpfs -o size=256k tmpfs "$MNT" 2>/dev/null;
     -q --resume auto --stop-at 8
   rm -f "$MNT"/fill_*
   expect_exit 0 train --out "$MNT/run" -q --resume auto --stop-at 8
-  grep -q "resumed from .*step_00000004 at step 4" "$MNT/run/train.log" || problem "tmpfs: the run did not resume from step 4"
+  grep -q "resumed from .*step_00000004 at step 4" "$MNT/run/train.log" ||
+    problem "tmpfs: the run did not resume from step 4"
   # A new run on a disk with room for its lock and config.json only: never exit 0 leaving an empty metrics.jsonl.
   fill_leaving 2
   fails_naming "tmpfs: metrics.jsonl" "No space left on device" "$TRAIN" --config "$SCRATCH/tiny.json" \
