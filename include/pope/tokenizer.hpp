@@ -43,8 +43,11 @@ constexpr std::string_view kGpt2EndOfTextText = "<|endoftext|>";
 enum class SpecialTokens { as_text, allowed };
 
 // The directory holding encoder.json and vocab.bpe: `explicit_dir` when non-empty, else
-// $POPE_TOKENIZER_DIR when set, else the first `data/tokenizer` found walking up from the
-// current directory. Throws TokenizerError telling the user to run scripts/fetch_tokenizer.sh.
+// $POPE_TOKENIZER_DIR when set, else the first that holds them of: `data/tokenizer` in the
+// current directory or one above it, <prefix>/share/pope/tokenizer beside an installed
+// <prefix>/bin/<tool>, `data/tokenizer` in the binary's directory or one above it (a build tree
+// in the checkout). Throws TokenizerError listing every place looked and telling the user to
+// run scripts/fetch_tokenizer.sh.
 std::filesystem::path find_tokenizer_dir(const std::filesystem::path& explicit_dir = {});
 
 class Gpt2Tokenizer {

@@ -144,13 +144,36 @@ std::filesystem::path find_tokenizer_dir(const std::filesystem::path& explicit_d
   }
   std::error_code ec;
   const std::filesystem::path cwd = std::filesystem::current_path(ec);
-  for (std::filesystem::path dir = cwd; !dir.empty(); dir = dir.parent_path()) {
-    if (holds_tokenizer_files(dir / "data" / "tokenizer")) return dir / "data" / "tokenizer";
-    if (dir == dir.parent_path()) break;
+  // Linux names the running binary here; elsewhere (or when it is gone) only cwd is searched.
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::vector<std::filesystem::path> dirs = tokenizer_search_dirs(cwd, ec ? std::filesystem::path() : exe.parent_path());
+  for (const auto& dir : dirs)
+    if (holds_tokenizer_files(dir)) return dir;
+  std::string looked;
+  for (const auto& dir : dirs) looked += (looked.empty() ? "" : ", ") + dir.string();
+  throw TokenizerError("GPT-2 tokenizer files (encoder.json and vocab.bpe) not found: neither --tokenizer-dir nor "
+                       "POPE_TOKENIZER_DIR was given, and none of these holds them: " + looked + "; " + kFetchHint);
+}
+
+std::vector<std::filesystem::path> tokenizer_search_dirs(const std::filesystem::path& cwd,
+                                                         const std::filesystem::path& exe_dir) {
+  std::vector<std::filesystem::path> dirs;
+  const auto add = [&](const std::filesystem::path& dir) {
+    const std::filesystem::path normal = dir.lexically_normal();
+    if (std::find(dirs.begin(), dirs.end(), normal) == dirs.end()) dirs.push_back(normal);
+  };
+  const auto add_data_tokenizer_upward = [&](const std::filesystem::path& start) {
+    for (std::filesystem::path dir = start; !dir.empty(); dir = dir.parent_path()) {
+      add(dir / "data" / "tokenizer");
+      if (dir == dir.parent_path()) break;
+    }
+  };
+  add_data_tokenizer_upward(cwd);
+  if (!exe_dir.empty()) {
+    add(exe_dir / ".." / "share" / "pope" / "tokenizer");
+    add_data_tokenizer_upward(exe_dir);
   }
-  throw TokenizerError("GPT-2 tokenizer files not found: no data/tokenizer/ with encoder.json and vocab.bpe in " +
-                       cwd.string() + " or any directory above it, and neither --tokenizer-dir nor " +
-                       "POPE_TOKENIZER_DIR was given; " + kFetchHint);
+  return dirs;
 }
 
 }  // namespace pope

@@ -22,4 +22,12 @@ struct Gpt2Vocabulary {
 // Throws TokenizerError naming the file and what was expected.
 Gpt2Vocabulary load_gpt2_vocabulary(const std::filesystem::path& dir);
 
+// Where find_tokenizer_dir looks when neither a directory nor $POPE_TOKENIZER_DIR is given, in
+// order, without repeats: data/tokenizer in `cwd` and every directory above it; then, when
+// `exe_dir` (the running binary's directory) is known, `exe_dir`/../share/pope/tokenizer (an
+// installed prefix) and data/tokenizer in `exe_dir` and every directory above it (a build tree
+// inside the checkout, run from anywhere).
+std::vector<std::filesystem::path> tokenizer_search_dirs(const std::filesystem::path& cwd,
+                                                         const std::filesystem::path& exe_dir);
+
 }  // namespace pope

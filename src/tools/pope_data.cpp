@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
   std::string tokenizer_dir;
   app.add_option("--tokenizer-dir", tokenizer_dir,
                  "directory with encoder.json and vocab.bpe (default: $POPE_TOKENIZER_DIR, else data/tokenizer "
-                 "found upward from the current directory)");
+                 "in or above the current directory, else PREFIX/share/pope/tokenizer of an installed "
+                 "PREFIX/bin/pope-data, else data/tokenizer in or above the binary's directory)");
 
   auto* tokenize = app.add_subcommand("tokenize", "tokenize files, directories, .jsonl, .xz/.gz and tar archives");
   std::vector<std::string> inputs;

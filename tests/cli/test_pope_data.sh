@@ -151,6 +151,23 @@ mkdir -p "$tmp/o12" && printf 'garbage' >"$tmp/o12/bad.bin"
 expect_exit 1 "bad.bin" "$pd" inspect "$tmp/o12/bad.bin"
 expect_exit 1 "fetch_tokenizer.sh" env POPE_TOKENIZER_DIR="$tmp/none" "$pd" encode hello
 
+# Without --tokenizer-dir and $POPE_TOKENIZER_DIR, from a directory with no data/tokenizer above
+# it: an installed PREFIX/bin/pope-data reads PREFIX/share/pope/tokenizer, the build tree's binary
+# the checkout's data/tokenizer, and a binary with neither lists every place it looked.
+mkdir -p "$tmp/prefix/bin" "$tmp/prefix/share/pope/tokenizer" "$tmp/bare/bin" "$tmp/elsewhere"
+cp "$pd" "$tmp/prefix/bin/pope-data"
+cp "$pd" "$tmp/bare/bin/pope-data"
+cp "$src/data/tokenizer/encoder.json" "$src/data/tokenizer/vocab.bpe" "$tmp/prefix/share/pope/tokenizer/"
+expect_exit 0 "\[15496\]" env -C "$tmp/elsewhere" -u POPE_TOKENIZER_DIR "$tmp/prefix/bin/pope-data" encode Hello
+if [[ "$(realpath "$bin")" == "$(realpath "$src")"/* ]]; then
+  expect_exit 0 "\[15496\]" env -C "$tmp/elsewhere" -u POPE_TOKENIZER_DIR "$pd" encode Hello
+fi
+expect_exit 1 "not found" env -C "$tmp/elsewhere" -u POPE_TOKENIZER_DIR "$tmp/bare/bin/pope-data" encode Hello
+for place in "$tmp/elsewhere/data/tokenizer" "$tmp/bare/share/pope/tokenizer" "$tmp/bare/bin/data/tokenizer" \
+             "$tmp/bare/data/tokenizer" "fetch_tokenizer.sh"; do
+  grep -qF -- "$place" "$tmp/out.txt" || fail "the not-found error does not list $place: $(cat "$tmp/out.txt")"
+done
+
 if [[ $failures -gt 0 ]]; then
   echo "test_pope_data: $failures failure(s)"
   exit 1

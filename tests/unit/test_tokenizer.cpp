@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "data/gpt2_sha256.hpp"
+#include "data/gpt2_vocabulary.hpp"
 #include "pope/tokenizer.hpp"
 
 using namespace pope;
@@ -214,4 +215,38 @@ TEST(Gpt2TokenizerFiles, MissingOrCorruptFilesGiveClearErrors) {
   const std::string missing = message_of([&] { (void)find_tokenizer_dir(dir); });
   EXPECT_NE(missing.find(dir.string()), std::string::npos) << missing;
   EXPECT_NE(missing.find("fetch_tokenizer.sh"), std::string::npos) << missing;
+}
+
+// The working directory and its parents first (as a checkout is used), then an installed
+// prefix's share/pope/tokenizer, then the checkout above a build tree's binary.
+TEST(Gpt2TokenizerFiles, SearchOrderIsWorkingDirectoryThenInstalledPrefixThenAboveTheBinary) {
+  const std::vector<fs::path> expected{"/a/b/data/tokenizer",         "/a/data/tokenizer",
+                                       "/data/tokenizer",             "/opt/pope/share/pope/tokenizer",
+                                       "/opt/pope/bin/data/tokenizer", "/opt/pope/data/tokenizer",
+                                       "/opt/data/tokenizer"};
+  EXPECT_EQ(tokenizer_search_dirs("/a/b", "/opt/pope/bin"), expected);
+  EXPECT_EQ(tokenizer_search_dirs("/a/b", ""), std::vector<fs::path>(expected.begin(), expected.begin() + 3));
+}
+
+// This binary lies in the build tree under the checkout: from a directory with no data/tokenizer
+// above it and without $POPE_TOKENIZER_DIR, the checkout's files are still found.
+TEST(Gpt2TokenizerFiles, FoundAboveTheBinaryFromAnyWorkingDirectory) {
+  const fs::path checkout_files = fs::path(POPE_SOURCE_DIR) / "data" / "tokenizer";
+  if (!fs::exists(checkout_files / "encoder.json") || !fs::path(POPE_BINARY_DIR).string().starts_with(POPE_SOURCE_DIR))
+    GTEST_SKIP() << "needs the tokenizer files in " << checkout_files << " and a build tree inside the checkout";
+  const fs::path cwd = fs::current_path();
+  const char* env = std::getenv("POPE_TOKENIZER_DIR");
+  const std::string saved_env = env ? env : "";
+  ::unsetenv("POPE_TOKENIZER_DIR");
+  fs::current_path("/");
+  fs::path found;
+  std::string error;
+  try {
+    found = find_tokenizer_dir();
+  } catch (const TokenizerError& e) {
+    error = e.what();
+  }
+  fs::current_path(cwd);
+  if (env) ::setenv("POPE_TOKENIZER_DIR", saved_env.c_str(), 1);
+  EXPECT_EQ(fs::weakly_canonical(found), fs::weakly_canonical(checkout_files)) << error;
 }
