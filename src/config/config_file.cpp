@@ -43,15 +43,20 @@ void add_configs_dirs_upward(fs::path start, std::vector<fs::path>& dirs) {
   }
 }
 
-// Where bare names are looked up: configs/ next to the working directory or above it
-// (running from a build directory inside the source tree), then next to the executable or
-// above it (running an installed or out-of-tree binary from anywhere).
+// Where bare names are looked up: configs/ in the working directory or above it (running from
+// a build directory inside the source tree), then an installed prefix's share/pope/configs
+// beside the executable's bin/ (cmake --install), then configs/ next to the executable or above
+// it (an out-of-tree build of a source tree, run from anywhere).
 std::vector<fs::path> configs_search_dirs() {
   std::vector<fs::path> dirs;
   std::error_code ignored;
   add_configs_dirs_upward(fs::current_path(ignored), dirs);
   const fs::path executable = fs::read_symlink("/proc/self/exe", ignored);
-  if (!executable.empty()) add_configs_dirs_upward(executable.parent_path(), dirs);
+  if (executable.empty()) return dirs;
+  const fs::path installed = executable.parent_path().parent_path() / "share" / "pope" / "configs";
+  if (fs::is_directory(installed, ignored) && std::find(dirs.begin(), dirs.end(), installed) == dirs.end())
+    dirs.push_back(installed);
+  add_configs_dirs_upward(executable.parent_path(), dirs);
   return dirs;
 }
 
@@ -123,7 +128,20 @@ fs::path resolve_config_path(const fs::path& path) {
     throw ConfigError(path.string(), fs::is_directory(path, ignored)
                                          ? "is a directory, not a config file (expected a JSON file)"
                                          : "is not a regular file (expected a JSON config file)");
-  throw ConfigError(path.string(), fmt::format("config file not found; tried {}", fmt::join(tried, ", ")));
+  std::string looked;
+  if (bare_name) {
+    // Directories without a configs/ are not in `tried`: the rule says where they were looked for.
+    const fs::path executable = fs::read_symlink("/proc/self/exe", ignored);
+    looked = fmt::format(" (a bare name is looked for in configs/ of the working directory {} and its parents",
+                         fs::current_path(ignored).string());
+    if (!executable.empty())
+      looked += fmt::format(", in {} and in configs/ of {} and its parents",
+                            (executable.parent_path().parent_path() / "share/pope/configs").string(),
+                            executable.parent_path().string());
+    looked += ")";
+  }
+  throw ConfigError(path.string(),
+                    fmt::format("config file not found; tried {}{}", fmt::join(tried, ", "), looked));
 }
 
 RunConfig load_config(const fs::path& path, const std::vector<std::string>& overrides) {
