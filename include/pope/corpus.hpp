@@ -43,7 +43,9 @@ std::uint64_t corpus_input_bytes(const std::vector<std::filesystem::path>& input
 struct TokenizeOptions {
   std::filesystem::path out_dir;
   // Document-level split: document i (in read order) goes to val when a hash of (seed, i) falls
-  // below val_fraction, so the split is fixed by (corpus, seed) whatever the thread count.
+  // below val_fraction, so the split is fixed by (corpus, seed) whatever the thread count. A
+  // corpus of one document is split by tokens instead: its last ⌈val_fraction · tokens⌉ tokens
+  // (the <|endoftext|> after it included) go to val, the rest to train.
   double val_fraction = 0.0005;
   std::uint64_t seed = 2357;
   // Tokens per llm.c shard: out_dir/{train,val}_NNNNNN.bin; 0: one file per split,
@@ -60,6 +62,7 @@ struct TokenizeOptions {
 struct TokenizeSummary {
   std::uint64_t documents = 0, train_documents = 0, val_documents = 0;
   std::uint64_t train_tokens = 0, val_tokens = 0;
+  bool split_by_tokens = false;  // one document, split by tokens (it counts in train and in val)
   std::uint64_t text_bytes = 0;  // uncompressed document bytes
   double seconds = 0;      // wall clock
   double cpu_seconds = 0;  // CPU time of all threads: throughput per core even on a busy machine

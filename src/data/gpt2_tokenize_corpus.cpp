@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <condition_variable>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "data/dataset_marker.hpp"
 #include "data/pretokenizer.hpp"
@@ -176,6 +178,11 @@ bool goes_to_val(const TokenizeOptions& options, std::uint64_t document_index) {
   return u < options.val_fraction;
 }
 
+// The val share of a lone document's tokens: ⌈fraction · count⌉, so any fraction above 0 gives val a token.
+std::size_t val_tokens_of_lone_document(double val_fraction, std::size_t count) {
+  return std::min(count, static_cast<std::size_t>(std::ceil(val_fraction * static_cast<double>(count))));
+}
+
 // Encodes every document of the batch on all threads; returns each document's ids.
 std::vector<std::vector<std::uint16_t>> encode_batch(const Gpt2Tokenizer& tokenizer, const Batch& batch,
                                                      int threads) {
@@ -256,9 +263,22 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
   const std::clock_t cpu_start = std::clock();  // CPU time of the whole process, all threads
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
 
+  // A document split cannot give a lone document's corpus a val part, so document 0 waits until a
+  // second one shows that the split is by documents; alone, it is split by tokens at the end.
+  std::optional<std::vector<std::uint16_t>> first_document;
+  const auto route = [&](std::uint64_t index, std::span<const std::uint16_t> ids) {
+    if (goes_to_val(options, index)) {
+      val.append(ids);
+      ++summary.val_documents;
+    } else {
+      train.append(ids);
+      ++summary.train_documents;
+    }
+  };
+
   try {
     while (std::optional<Batch> batch = queue.pop()) {
-      const auto document_ids = encode_batch(tokenizer, *batch, threads);
+      auto document_ids = encode_batch(tokenizer, *batch, threads);
       for (std::size_t d = 0; d < batch->size(); ++d) {
         const std::uint64_t index = summary.documents++;
         summary.text_bytes += (*batch)[d].text.size();
@@ -273,12 +293,11 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
           summary.files.push_back(path);
           ++summary.train_documents;
           summary.train_tokens += document_ids[d].size();
-        } else if (goes_to_val(options, index)) {
-          val.append(document_ids[d]);
-          ++summary.val_documents;
+        } else if (index == 0) {
+          first_document = std::move(document_ids[d]);
         } else {
-          train.append(document_ids[d]);
-          ++summary.train_documents;
+          if (first_document) route(0, *std::exchange(first_document, std::nullopt));
+          route(index, document_ids[d]);
         }
       }
       progress.update(input_bytes_read, summary.documents, summary.train_tokens + train.tokens() + val.tokens(),
@@ -295,6 +314,17 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
   if (std::exception_ptr error = queue.error()) std::rethrow_exception(error);
   if (summary.documents == 0) throw DataError("tokenize: the inputs hold no (non-empty) documents");
 
+  if (first_document && options.val_fraction > 0) {
+    const std::span<const std::uint16_t> ids(*first_document);
+    const std::size_t val_count = val_tokens_of_lone_document(options.val_fraction, ids.size());
+    train.append(ids.first(ids.size() - val_count));
+    val.append(ids.last(val_count));
+    summary.train_documents = val_count < ids.size() ? 1 : 0;
+    summary.val_documents = 1;
+    summary.split_by_tokens = true;
+  } else if (first_document) {
+    route(0, *first_document);
+  }
   if (!options.per_document) {
     train.finish();
     val.finish();

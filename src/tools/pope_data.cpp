@@ -37,6 +37,9 @@ void print_summary(const TokenizeSummary& s, const fs::path& out_dir) {
               static_cast<unsigned long long>(s.val_tokens), double(s.text_bytes) / 1e6, s.seconds,
               double(s.text_bytes) / 1e6 / std::max(s.seconds, 1e-9),
               double(s.text_bytes) / 1e6 / std::max(s.cpu_seconds, 1e-9), s.files.size(), out_dir.c_str());
+  if (s.split_by_tokens)
+    std::printf("pope-data: the corpus is one document, so it was split by tokens: its last %llu tokens are val\n",
+                static_cast<unsigned long long>(s.val_tokens));
 }
 
 std::string read_text_file(const std::string& path) {
@@ -117,7 +120,8 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingPath);
   tokenize->add_option("-o,--out", options.out_dir, "output directory")->required();
-  tokenize->add_option("--val-fraction", options.val_fraction, "share of documents for val.bin")
+  tokenize->add_option("--val-fraction", options.val_fraction,
+                       "share of documents for val (a corpus of one document: share of its tokens, the last ones)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   tokenize->add_option("--seed", options.seed, "seed of the document-level split")

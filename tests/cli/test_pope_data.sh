@@ -122,6 +122,14 @@ for f in "$tmp"/o5/val_*.bin; do val_docs=$((val_docs + $("$pd" inspect "$f" | s
   fail "split: $train_docs train + $val_docs val documents, expected 12 in both splits"
 [[ "$("$pd" inspect "$tmp/o5/train_000000.bin" | sed -n 's/ *tokens: //p')" == 40 ]] || fail "first shard is not 40 tokens"
 
+# --- a corpus of one document is split by tokens: train is its head, val its last ⌈F·N⌉ tokens (⌈0.2·17⌉) ---
+expect_exit 0 "one document, so it was split by tokens: its last 4 tokens are val" \
+  "$pd" tokenize -i "$tmp/plain/a/doc1.txt" -o "$tmp/o13" --val-fraction 0.2 --shard-tokens 0
+whole="$(expected_stream "$tmp/plain/a/doc1.txt")"
+joined="$(ids_of "$tmp/o13/train.bin")$(ids_of "$tmp/o13/val.bin")"
+[[ "${joined//][/,}" == "$whole" ]] || fail "one-document split: train + val = $joined, expected $whole"
+"$pd" tokenize --help | grep -q "share of its tokens" || fail "--help does not tell how one document is split"
+
 # --- per-document output, inspect and decode ---
 "$pd" tokenize -i "$tmp/plain" -o "$tmp/o7" --per-document -q
 [[ -f "$tmp/o7/doc1.bin" && -f "$tmp/o7/doc2.bin" ]] || fail "per-document files missing: $(ls "$tmp/o7")"

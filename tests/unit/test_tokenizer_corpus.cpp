@@ -195,6 +195,53 @@ TEST(TokenizeCorpus, SameFilesOnOneAndTwoThreadsAndRefusesToOverwrite) {
   EXPECT_EQ(outputs[0], outputs[2]);  // train, 1 vs 2 threads
   EXPECT_EQ(outputs[1], outputs[3]);  // val
 }
+
+// One book as the whole corpus: a document split gives val nothing (or everything), so its last
+// ⌈fraction · tokens⌉ tokens go to val; a second document restores the document split.
+TEST(TokenizeCorpus, LoneDocumentIsSplitByTokens) {
+  if (!fs::exists(tokenizer_dir() / "encoder.json")) GTEST_SKIP() << "run scripts/fetch_tokenizer.sh";
+  const Gpt2Tokenizer tokenizer = Gpt2Tokenizer::load(tokenizer_dir());
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "Sentence " + std::to_string(i) + " of the only book.\n";
+  const auto book = dir.write("book.txt", text);
+  auto whole = tokenizer.encode(text);
+  whole.push_back(kGpt2EndOfText);
+  const auto read_tokens = [](const fs::path& path) {
+    const TokenFile file = TokenFile::open(path, kGpt2VocabSize);
+    return file.read(0, file.size());
+  };
+
+  TokenizeOptions options;
+  options.out_dir = dir.path() / "one";
+  options.val_fraction = 0.1;
+  options.shard_tokens = 0;
+  options.progress = false;
+  const TokenizeSummary summary = tokenize_corpus(tokenizer, {book}, options);
+  EXPECT_TRUE(summary.split_by_tokens);
+  const auto train = read_tokens(options.out_dir / "train.bin");
+  const auto val = read_tokens(options.out_dir / "val.bin");
+  EXPECT_EQ(val.size(), (whole.size() + 9) / 10);  // ⌈0.1 · tokens⌉
+  EXPECT_EQ(summary.val_tokens, val.size());
+  EXPECT_EQ(summary.train_tokens, train.size());
+  std::vector<std::uint16_t> joined = train;
+  joined.insert(joined.end(), val.begin(), val.end());
+  EXPECT_EQ(joined, whole);  // train is the head, val the tail, nothing lost or repeated
+
+  options.out_dir = dir.path() / "no_val";
+  options.val_fraction = 0;
+  EXPECT_FALSE(tokenize_corpus(tokenizer, {book}, options).split_by_tokens);
+  EXPECT_EQ(read_tokens(options.out_dir / "train.bin"), whole);
+  EXPECT_FALSE(fs::exists(options.out_dir / "val.bin"));
+
+  options.out_dir = dir.path() / "two";
+  options.val_fraction = 0.5;
+  const auto second = dir.write("more/second.txt", "Another document.");
+  const TokenizeSummary two = tokenize_corpus(tokenizer, {book, second}, options);
+  EXPECT_FALSE(two.split_by_tokens);
+  EXPECT_EQ(two.train_documents + two.val_documents, 2u);
+  EXPECT_EQ(two.train_tokens + two.val_tokens, whole.size() + tokenizer.encode("Another document.").size() + 1);
+}
 #endif
 
 namespace {
