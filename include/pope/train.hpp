@@ -115,6 +115,7 @@ class Trainer {
   void log_train(long step, double loss, double lr, double grad_norm, double tokens_per_second,
                  std::optional<double> eta_seconds, const std::optional<StepPhases>& phases);
   void append_metrics(const nlohmann::json& record);
+  void check_log_writes() const;  // throws the first failed write of train.log
   // train.sample_every: the prompt checked and tokenized when the run starts, a sample logged.
   void prepare_samples();
   void log_sample(long step);
@@ -144,6 +145,7 @@ class Trainer {
   TrainerState state_;
   std::filesystem::path last_checkpoint_;
   std::shared_ptr<void> logger_;
+  std::shared_ptr<std::string> log_error_ = std::make_shared<std::string>();  // set by the logger's error handler
 };
 
 }  // namespace pope

@@ -381,7 +381,13 @@ fs::path save_checkpoint(const fs::path& run_dir, const ParameterLayout& layout,
   const fs::path temp_dir = checkpoints / (name + ".tmp");
   const fs::path old_dir = checkpoints / (name + ".old");
   checked_fs(fmt::format("create {}", temp_dir), [&](std::error_code& ec) { fs::create_directory(temp_dir, ec); });
-  write_step_files(temp_dir, layout, data);
+  try {
+    write_step_files(temp_dir, layout, data);
+  } catch (...) {
+    std::error_code ignored;  // a failed save (a full disk) must not keep its partial copy there
+    fs::remove_all(temp_dir, ignored);
+    throw;
+  }
 
   // Re-saving a step: move the old directory aside first, so that a crash at any point
   // leaves either the old or the new checkpoint complete under some name.

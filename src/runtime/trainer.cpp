@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -268,6 +269,13 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   if (is_root()) {
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>((run_dir_ / "train.log").string());
     logger = std::make_shared<spdlog::logger>("pope-train", spdlog::sinks_init_list{console, file});
+    // spdlog reports a failed write (a full disk) to this handler and carries on: keep the first
+    // message for check_log_writes, and stop writing the file. Throwing here could escape a noexcept.
+    logger->set_error_handler([file, error = log_error_, path = (run_dir_ / "train.log").string()](
+                                  const std::string& message) {
+      if (error->empty()) *error = fmt::format("cannot write {}: {}", path, message);
+      file->set_level(spdlog::level::off);
+    });
     if (options_.quiet) console->set_level(spdlog::level::warn);
   } else {
     logger = std::make_shared<spdlog::logger>("pope-train", console);
@@ -352,6 +360,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
                  sharded ? fmt::format(" (ZeRO-1: 1/{} of {:.1f} MiB)", ranks, state_mib * ranks)
                                        : std::string(" (not sharded)"));
   }
+  check_log_writes();
 }
 
 Trainer::~Trainer() = default;
@@ -416,9 +425,16 @@ void Trainer::initialize_from(const std::filesystem::path& checkpoint) {
 
 void Trainer::append_metrics(const nlohmann::json& record) {
   if (!is_root()) return;
-  std::ofstream out(run_dir_ / "metrics.jsonl", std::ios::app);
+  check_log_writes();
+  const std::filesystem::path path = run_dir_ / "metrics.jsonl";
+  std::ofstream out(path, std::ios::app);
   out << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';  // samples may hold any bytes
-  if (!out) throw std::runtime_error("cannot append to " + (run_dir_ / "metrics.jsonl").string());
+  out.close();  // the record reaches the file here: a full disk fails the close, not the <<
+  if (!out) throw std::runtime_error(fmt::format("cannot append to {}: {}", path.string(), std::strerror(errno)));
+}
+
+void Trainer::check_log_writes() const {
+  if (!log_error_->empty()) throw std::runtime_error(*log_error_);
 }
 
 // Rank 0 writes (every rank holds the same weights, and the same moments unless they are
@@ -767,6 +783,7 @@ TrainingSummary Trainer::train_steps() {
                   {"loss", summary.last_train_loss ? nlohmann::json(*summary.last_train_loss) : nlohmann::json(nullptr)},
                   {"seconds", summary.seconds},
                   {"stopped_by_signal", stop_signal}});
+  check_log_writes();
   return summary;
 }
 
