@@ -79,6 +79,7 @@ fails_naming "train: checkpoint" "step_00000006.tmp/optimizer.safetensors\": Fil
   limited 20 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/t_ckpt" -q --resume auto --stop-at 8
 no_temporaries "train: checkpoint" "$SCRATCH/t_ckpt"
 [ ! -e "$SCRATCH/t_ckpt/checkpoints/step_00000006" ] || problem "train: checkpoint: a step 6 appeared"
+[ ! -e "$SCRATCH/t_ckpt/checkpoints/step_00000006.tmp" ] || problem "train: checkpoint: the partial step_00000006.tmp was kept"
 for f in model.safetensors optimizer.safetensors trainer.json; do
   cmp -s "$SCRATCH/base/checkpoints/step_00000004/$f" "$SCRATCH/t_ckpt/checkpoints/step_00000004/$f" ||
     problem "train: checkpoint: step 4's $f changed"
