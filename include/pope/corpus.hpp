@@ -14,12 +14,20 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "pope/tokenizer.hpp"
 
 namespace pope {
+
+// Host memory ran out while reading or tokenizing a corpus (std::bad_alloc says nothing by
+// itself): the message names the stage and the file or documents.
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct Document {
   std::string name;  // where it came from: path, then "/member" inside archives, ":line" in JSONL
@@ -32,7 +40,8 @@ struct CorpusReadOptions {
 
 // Calls `on_document` for every document of `inputs`, in a fixed order. When given,
 // `input_bytes_read` counts the bytes read from the input files (compressed size), for
-// progress. Throws DataError naming the file (member, line) and what was expected.
+// progress. Throws DataError naming the file (member, line) and what was expected, and
+// OutOfMemoryError naming the file being read (a document is held in memory whole).
 void read_corpus(const std::vector<std::filesystem::path>& inputs, const CorpusReadOptions& options,
                  const std::function<void(Document&&)>& on_document,
                  std::atomic<std::uint64_t>* input_bytes_read = nullptr);
@@ -70,7 +79,8 @@ struct TokenizeSummary {
 };
 
 // Tokenizes every document (<|endoftext|> in a document is plain text) and appends
-// <|endoftext|> after each; writes llm.c token files. Throws DataError / TokenizerError.
+// <|endoftext|> after each; writes llm.c token files. Throws DataError / TokenizerError, and
+// OutOfMemoryError naming the file being read or the documents being encoded.
 TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vector<std::filesystem::path>& inputs,
                                 const TokenizeOptions& options);
 

@@ -12,6 +12,11 @@
 //   3. a piece that is a whole vocabulary entry becomes that id; otherwise its bytes are merged
 //      by BPE, always joining the leftmost adjacent pair whose concatenation has the lowest rank.
 //
+// One deviation, to bound memory: a piece longer than 64 KiB (a run of that many letters, say;
+// no natural text has one) is merged in parts of at most 64 KiB cut at UTF-8 character starts
+// (kMaxBpePieceBytes in src/data/bpe_merge.hpp), so its ids may differ from tiktoken's near the
+// cuts; decode(encode(x)) == x still holds. Shorter pieces, i.e. all natural text, are exact.
+//
 // Invalid UTF-8 (tiktoken accepts only valid strings, so there is no tiktoken answer): the
 // input is cut into maximal valid runs and invalid bytes; each valid run is encoded exactly as
 // tiktoken encodes that run on its own, and each invalid byte becomes its single-byte token.

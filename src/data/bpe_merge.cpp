@@ -102,4 +102,18 @@ void bpe_merge(std::string_view piece, const BpeRanks& ranks, std::vector<std::u
   }
 }
 
+void bpe_merge_bounded(std::string_view piece, const BpeRanks& ranks, std::vector<std::uint16_t>& out,
+                       std::size_t max_bytes) {
+  if (max_bytes < 4) throw std::invalid_argument("bpe_merge_bounded: parts must hold a UTF-8 character (4 bytes)");
+  const auto continuation = [&](std::size_t i) { return (static_cast<unsigned char>(piece[i]) & 0xC0) == 0x80; };
+  while (piece.size() > max_bytes) {
+    std::size_t cut = max_bytes;
+    // A UTF-8 character has at most 3 continuation bytes; other bytes (not UTF-8) cut anywhere.
+    for (int back = 0; back < 3 && continuation(cut); ++back) --cut;
+    bpe_merge(piece.substr(0, cut), ranks, out);
+    piece.remove_prefix(cut);
+  }
+  bpe_merge(piece, ranks, out);
+}
+
 }  // namespace pope

@@ -45,6 +45,19 @@ class BpeRanks {
 
 // Appends the ranks of the BPE parts of `piece` to `out`. Every single byte of `piece` must
 // have a rank (true for byte-level vocabularies); otherwise throws std::invalid_argument.
+// Memory: about 50 bytes per byte of `piece` (a 100 MB piece took 4.9 GB).
 void bpe_merge(std::string_view piece, const BpeRanks& ranks, std::vector<std::uint16_t>& out);
+
+// The longest piece merged whole: longer ones are merged in parts (bpe_merge_bounded), so that
+// BPE's memory stays a few MB per thread whatever the text. No natural text has a piece this
+// long (64 KiB of letters, digits, punctuation or whitespace in one run), so only such pieces are
+// tokenized otherwise than by tiktoken.
+constexpr std::size_t kMaxBpePieceBytes = std::size_t{64} << 10;
+
+// bpe_merge of `piece` cut into parts of at most `max_bytes` (≥ 4), each merged alone; a cut
+// falls on the start of a UTF-8 character (it backs off over continuation bytes), so no
+// character is split between parts.
+void bpe_merge_bounded(std::string_view piece, const BpeRanks& ranks, std::vector<std::uint16_t>& out,
+                       std::size_t max_bytes = kMaxBpePieceBytes);
 
 }  // namespace pope

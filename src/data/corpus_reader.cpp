@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <new>
 
 #include <nlohmann/json.hpp>
 
@@ -124,8 +125,13 @@ void read_corpus(const std::vector<fs::path>& inputs, const CorpusReadOptions& o
   CorpusWalker walker(options, on_document);
   for (const fs::path& input : inputs) {
     for (const fs::path& file : input_files(input)) {
-      FileSource source(file, input_bytes_read);
-      walker.read_stream(source, file.string(), 0);
+      try {
+        FileSource source(file, input_bytes_read);
+        walker.read_stream(source, file.string(), 0);
+      } catch (const std::bad_alloc&) {
+        throw OutOfMemoryError("out of host memory while reading " + file.string() +
+                               " (each document, or JSONL line, is held in memory whole)");
+      }
     }
   }
 }

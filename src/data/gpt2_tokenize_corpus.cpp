@@ -17,6 +17,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -221,6 +222,21 @@ std::vector<std::vector<std::uint16_t>> encode_batch(const Gpt2Tokenizer& tokeni
   return document_ids;
 }
 
+// Names the documents of a batch for an error: the first and the last, and how many.
+std::string batch_names(const Batch& batch) {
+  if (batch.size() == 1) return batch.front().name;
+  return std::to_string(batch.size()) + " documents, " + batch.front().name + " to " + batch.back().name;
+}
+
+// Rethrows the exception being handled, a std::bad_alloc as an OutOfMemoryError naming `stage`.
+[[noreturn]] void rethrow_naming_memory_stage(const std::string& stage) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError("out of host memory while " + stage);
+  }
+}
+
 }  // namespace
 
 TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vector<fs::path>& inputs,
@@ -276,9 +292,13 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
     }
   };
 
+  std::string stage;  // what the loop does, for an out-of-memory error
   try {
     while (std::optional<Batch> batch = queue.pop()) {
+      stage = "encoding " + batch_names(*batch);
       auto document_ids = encode_batch(tokenizer, *batch, threads);
+      stage = "collecting the tokens of " + batch_names(*batch) +
+              (options.shard_tokens == 0 ? " (--shard-tokens 0 holds each split in memory whole)" : "");
       for (std::size_t d = 0; d < batch->size(); ++d) {
         const std::uint64_t index = summary.documents++;
         summary.text_bytes += (*batch)[d].text.size();
@@ -307,7 +327,7 @@ TokenizeSummary tokenize_corpus(const Gpt2Tokenizer& tokenizer, const std::vecto
     queue.cancel();
     reader.join();
     progress.finish();
-    throw;
+    rethrow_naming_memory_stage(stage);
   }
   reader.join();
   progress.finish();

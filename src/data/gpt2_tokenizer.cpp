@@ -20,7 +20,7 @@ struct Gpt2Tokenizer::Impl {
       if (id != BpeRanks::kNone)
         out.push_back(static_cast<std::uint16_t>(id));
       else
-        bpe_merge(piece, vocabulary.ranks, out);
+        bpe_merge_bounded(piece, vocabulary.ranks, out);
     });
   }
 };

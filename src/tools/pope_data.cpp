@@ -6,7 +6,7 @@
 //   pope-data encode TEXT | --file PATH [--allow-special]   (ids as a JSON array)
 //
 // Exit codes: 0 success, 1 data errors (unreadable or malformed input, missing tokenizer
-// files), 2 usage errors (unknown options, missing input paths).
+// files, input too large for the host's memory), 2 usage errors (unknown options, missing input paths).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -81,6 +81,12 @@ std::string parse_id_list(std::string text, std::vector<std::uint16_t>& ids) {
   }
   if (ids.empty()) return "no ids in '" + text + "'" + expected;
   return {};
+}
+
+std::string joined_list(const std::vector<std::string>& items) {
+  std::string joined;
+  for (const auto& item : items) joined += (joined.empty() ? "" : ", ") + item;
+  return joined;
 }
 
 // A token's bytes for display: printable ASCII as is, other bytes escaped.
@@ -200,8 +206,13 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUsage;
   }
 
+  std::string doing = "loading the tokenizer files";  // for an out-of-memory error: what ran out
   try {
     const Gpt2Tokenizer tokenizer = Gpt2Tokenizer::load_default(tokenizer_dir);
+    doing = *tokenize  ? "tokenizing " + joined_list(inputs)
+            : *inspect ? "inspecting " + inspect_file
+            : *decode  ? (*ids_option ? std::string("decoding --ids") : "decoding " + decode_file)
+                       : (encode_file.empty() ? std::string("encoding the text") : "encoding " + encode_file);
     if (*tokenize) {
       options.progress = !quiet;
       const std::vector<fs::path> input_paths(inputs.begin(), inputs.end());
@@ -247,6 +258,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ValidationError& e) {
     std::fprintf(stderr, "pope-data: %s\n", e.what());
     return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "pope-data: error: out of host memory while %s: it needs more memory than this machine "
+                         "gives the process\n",
+                 doing.c_str());
+    return kExitDataError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pope-data: error: %s\n", e.what());
     return kExitDataError;

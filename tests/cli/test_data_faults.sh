@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Faults around token data: `pope-data tokenize` killed midway (the partial set is marked
-# incomplete, readers refuse it, --overwrite cleans what it left), damaged headers, and
-# non-regular files where a token file is expected.
+# incomplete, readers refuse it, --overwrite cleans what it left), damaged headers,
+# non-regular files where a token file is expected, a 13 MB word (bounded memory) and running
+# out of memory (named, exit 1).
 source "$(dirname "$0")/cli_common.sh"
 DATA="$POPE_BIN/pope-data"
 TRAIN="$POPE_BIN/pope-train"
@@ -77,5 +78,31 @@ expect_exit 1 train_on "$SCRATCH/loop1"
 expect_output "loop1\" is a symbolic link loop"
 expect_exit 1 timeout 20 "$DATA" tokenize -i "$SCRATCH/fifo.bin" -o "$SCRATCH/from_fifo" -q
 expect_output "fifo.bin: is a FIFO (named pipe)"
+
+# --- adversarial text: one 13 MB "word" is BPE-merged in 64 KiB parts, so memory stays near the
+# text's size (merged whole it took ~50 bytes per byte: 650 MB here, 4.9 GB for 100 MB) ---
+head -c 12000000 /dev/urandom | base64 -w 0 | tr -d '+/0-9' >"$SCRATCH/word.txt"  # 13 MB of letters
+if /usr/bin/time -f '%M' true >/dev/null 2>&1; then
+  /usr/bin/time -o "$SCRATCH/rss" -f '%M' \
+    "$DATA" tokenize -i "$SCRATCH/word.txt" -o "$SCRATCH/word" --val-fraction 0 --shard-tokens 0 -q
+  rss_mb=$(( $(tail -1 "$SCRATCH/rss") / 1024 ))
+  [ "$rss_mb" -lt 250 ] || fail "tokenizing a 13 MB word took $rss_mb MB of memory, expected < 250 MB"
+else
+  echo "SKIP (this case only): /usr/bin/time is missing, the memory of a 13 MB word is not measured"
+fi
+
+# --- out of memory: named with the file and what ran out, exit 1 (data error), no std::bad_alloc ---
+head -c 100000000 /dev/zero | tr '\0' 'a' >"$SCRATCH/huge.txt"
+limit_kb=150000
+if (ulimit -v "$limit_kb" && "$DATA" encode hello) >/dev/null 2>&1; then
+  expect_exit 1 bash -c "ulimit -v $limit_kb && exec '$DATA' tokenize -i '$SCRATCH/huge.txt' -o '$SCRATCH/huge' -q"
+  expect_output "out of host memory while reading $SCRATCH/huge.txt"
+  expect_exit 1 bash -c "ulimit -v $limit_kb && exec '$DATA' encode --file '$SCRATCH/huge.txt'"
+  expect_output "out of host memory while encoding $SCRATCH/huge.txt"
+  grep -q "bad_alloc" "$SCRATCH/out" && fail "the out-of-memory error says std::bad_alloc: $(cat "$SCRATCH/out")"
+else
+  echo "SKIP (this case only): pope-data does not start under ulimit -v $limit_kb (a sanitizer build?)"
+fi
+rm -f "$SCRATCH/huge.txt"
 
 echo "PASS"

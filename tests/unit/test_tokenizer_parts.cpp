@@ -147,6 +147,46 @@ TEST(BpeMerge, EqualsTheObviousAlgorithmOnRandomVocabularies) {
   }
 }
 
+// Long pieces are merged in parts of at most max_bytes, cut before a UTF-8 lead byte.
+TEST(BpeMerge, BoundedMergeCutsLongPiecesAtCharacterStarts) {
+  BpeRanks ranks;
+  for (unsigned b = 0; b < 256; ++b) ranks.add(std::string(1, static_cast<char>(b)), b);
+  ranks.add("aa", 256);
+  ranks.add("aaaa", 257);
+  ranks.add("\xC3\xA9", 258);  // é
+  const auto merged = [&](std::string_view piece, std::size_t max_bytes) {
+    std::vector<std::uint16_t> out;
+    bpe_merge_bounded(piece, ranks, out, max_bytes);
+    return out;
+  };
+  using Ids = std::vector<std::uint16_t>;
+  EXPECT_EQ(merged("aaaaaaaaaa", 100), (Ids{257, 257, 256}));  // short: bpe_merge as it is
+  EXPECT_EQ(merged("aaaaaaaaaa", 5), (Ids{257, 97, 257, 97}));  // [aaaaa][aaaaa]
+  // 5 bytes would end inside the second é: the cut backs off to the character's start.
+  EXPECT_EQ(merged("a\xC3\xA9\xC3\xA9\xC3\xA9", 4), (Ids{97, 258, 258, 258}));
+  EXPECT_EQ(merged("\xC3\xA9\xC3\xA9\xC3\xA9", 5), (Ids{258, 258, 258}));
+  EXPECT_THROW(merged("aaaa", 3), std::invalid_argument);
+}
+
+// A piece at the bound is merged whole; one byte more and it is cut there.
+TEST(BpeMerge, Gpt2BoundIsSixtyFourKibibytes) {
+  BpeRanks ranks;
+  for (unsigned b = 0; b < 256; ++b) ranks.add(std::string(1, static_cast<char>(b)), b);
+  ranks.add("ab", 256);
+  std::string piece;
+  for (std::size_t i = 0; i < kMaxBpePieceBytes / 2; ++i) piece += "ab";
+  std::vector<std::uint16_t> out;
+  bpe_merge_bounded(piece, ranks, out);
+  EXPECT_EQ(out, std::vector<std::uint16_t>(kMaxBpePieceBytes / 2, 256));
+  out.clear();
+  bpe_merge_bounded("b" + piece, ranks, out);  // [b ab … ab a][b]: the cut splits the last "ab"
+  ASSERT_EQ(out.size(), kMaxBpePieceBytes / 2 + 2);
+  EXPECT_EQ(out.front(), 'b');
+  EXPECT_EQ(out[out.size() - 2], 'a');
+  EXPECT_EQ(out.back(), 'b');
+  EXPECT_EQ(kMaxBpePieceBytes, 65536u);
+}
+
 #ifdef POPE_HAVE_PCRE2
 
 namespace {
