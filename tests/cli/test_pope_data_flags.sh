@@ -18,17 +18,17 @@ expect_exit 2 "$DATA" --frobnicate
 expect_output "'--frobnicate' is not an option before the subcommand"
 
 expect_exit 2 "$DATA" inspect "$SCRATCH/tokens.bin" -n -1
-expect_output "--count: expected a number >= 0, got -1"
+expect_output "--count: expected an integer from 0 to 18446744073709551615, got -1"
 expect_exit 2 "$DATA" decode "$SCRATCH/tokens.bin" --start -1
-expect_output "--start: expected a number >= 0, got -1"
+expect_output "--start: expected an integer from 0 to 18446744073709551615, got -1"
 expect_exit 2 "$DATA" decode "$SCRATCH/tokens.bin" --count -1
-expect_output "--count: expected a number >= 0, got -1"
+expect_output "--count: expected an integer from 0 to 18446744073709551615, got -1"
 expect_exit 2 "$DATA" tokenize -i "$SCRATCH/text" -o "$SCRATCH/out_dir" --seed -1
-expect_output "--seed: expected a number >= 0, got -1"
+expect_output "--seed: expected an integer from 0 to 18446744073709551615, got -1"
 expect_exit 2 "$DATA" tokenize -i "$SCRATCH/text" -o "$SCRATCH/out_dir" --shard-tokens -1
 expect_output "--shard-tokens"
 expect_exit 2 "$DATA" tokenize -i "$SCRATCH/text" -o "$SCRATCH/out_dir" -j 100000
-expect_output "--threads: expected a number from 0 to 1024, got 100000"
+expect_output "--threads: expected an integer from 0 to 1024, got 100000"
 
 expect_exit 2 "$DATA" decode --ids "1,"
 expect_output "--ids: '1,' ends with an empty element"
