@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -114,13 +115,16 @@ struct IndirectIndexingScore {
 
   double accuracy() const { return total.accuracy(); }
   double mean_loss() const { return total.examples > 0 ? loss_sum / double(total.examples) : 0.0; }
+  bool complete = true;  // false: stopped before the last example
 };
 
 // Evaluates every example of `split` in batches of `batch` rows of seq_len tokens (the
 // trainer passes its micro-batch shape, so the model's activations are not reallocated; a
 // short last batch is padded with rows whose predictions are ignored).
+// `stop`, when given, is asked between batches: true ends the evaluation early, the score then
+// marked incomplete (a run stopped by a signal does not wait for a long validation).
 IndirectIndexingScore evaluate_indirect_indexing(Model& model, const IndirectIndexingTask& task, IndirectSplit split,
-                                                 int batch, int seq_len);
+                                                 int batch, int seq_len, const std::function<bool()>& stop = {});
 
 // {"examples", "accuracy", "loss", "by_shift": {"-15": {"examples", "accuracy"}, …}}
 nlohmann::json score_to_json(const IndirectIndexingScore& score);

@@ -101,6 +101,7 @@ class Trainer {
   struct Validation {
     double loss = 0.0;
     std::optional<IndirectIndexingScore> score;  // indirect indexing only
+    bool complete = true;                        // false: a stop signal cut it short
   };
   bool has_validation() const { return task_ != nullptr || val_sampler_ != nullptr; }
   Validation compute_validation();

@@ -25,7 +25,7 @@ double target_nll(const float* z, int vocab_size, int target) {
 }  // namespace
 
 IndirectIndexingScore evaluate_indirect_indexing(Model& model, const IndirectIndexingTask& task, IndirectSplit split,
-                                                 int batch, int seq_len) {
+                                                 int batch, int seq_len, const std::function<bool()>& stop) {
   if (batch <= 0 || seq_len <= 0)
     throw std::invalid_argument(fmt::format("evaluate_indirect_indexing: batch {} × length {} must be positive", batch,
                                             seq_len));
@@ -41,6 +41,10 @@ IndirectIndexingScore evaluate_indirect_indexing(Model& model, const IndirectInd
   IndirectIndexingScore score;
   const std::uint64_t total = task.size(split);
   for (std::uint64_t first = 0; first < total; first += std::uint64_t(batch)) {
+    if (stop && stop()) {
+      score.complete = false;
+      break;
+    }
     const int filled = int(std::min<std::uint64_t>(std::uint64_t(batch), total - first));
     rows.clear();
     shifts.clear();

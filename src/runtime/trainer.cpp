@@ -504,10 +504,12 @@ std::uint64_t Trainer::validation_windows() const {
 }
 
 Trainer::Validation Trainer::compute_validation() {
+  const auto stop = [] { return g_stop_signal.load() != 0; };  // a signal ends a long validation at once
   if (task_) {
     IndirectIndexingScore score = evaluate_indirect_indexing(*model_, *task_, IndirectSplit::val,
-                                                             config_.train.micro_batch_size, config_.train.seq_len);
-    return {score.mean_loss(), std::move(score)};
+                                                             config_.train.micro_batch_size, config_.train.seq_len, stop);
+    const bool complete = score.complete;
+    return {score.mean_loss(), std::move(score), complete};
   }
   if (!val_sampler_) throw ConfigError("data.val", "no validation data configured");
   const int B = config_.train.micro_batch_size, T = config_.train.seq_len;
@@ -518,6 +520,7 @@ Trainer::Validation Trainer::compute_validation() {
   const std::uint64_t wanted = validation_windows();
   LossSum total;
   for (std::uint64_t first = 0; first < wanted; first += std::uint64_t(B)) {
+    if (stop()) return {total.mean(), std::nullopt, false};
     const int filled = int(std::min<std::uint64_t>(std::uint64_t(B), wanted - first));
     for (int b = 0; b < filled; ++b) {
       const std::uint64_t window = spread_window_index(first + std::uint64_t(b), wanted, windows);
@@ -563,6 +566,10 @@ Trainer::Validation Trainer::run_validation(long step) {
   else
     logger.info("step {} | validating on {} windows", step, validation_windows());
   Validation result = compute_validation();
+  if (!result.complete) {
+    logger.warn("step {} | validation stopped by signal {}; not recorded", step, g_stop_signal.load());
+    return result;
+  }
   state_.last_val_loss = result.loss;
   nlohmann::json record{{"event", "eval"}, {"step", step}, {"val_loss", result.loss}};
   if (result.score) {
@@ -729,9 +736,12 @@ TrainingSummary Trainer::train_steps() {
     }
     if (is_root() && has_validation() && ((tc.eval_every > 0 && done.step % tc.eval_every == 0) || done.step == tc.steps)) {
       Validation validation;
-      costs.evaluation_seconds = timed([&] { validation = run_validation(done.step); });
-      summary.last_val_loss = validation.loss;
-      if (validation.score) summary.last_val_accuracy = validation.score->accuracy();
+      const double seconds = timed([&] { validation = run_validation(done.step); });
+      if (validation.complete) {
+        costs.evaluation_seconds = seconds;
+        summary.last_val_loss = validation.loss;
+        if (validation.score) summary.last_val_accuracy = validation.score->accuracy();
+      }
     }
     if (is_root() && tc.sample_every > 0 && done.step % tc.sample_every == 0) timed([&] { log_sample(done.step); });
   };

@@ -40,6 +40,24 @@ if [ $(( 0x$(awk '/^SigIgn:/ {print $2}' /proc/$$/status) & 1 )) -eq 0 ]; then
 else
   echo "note: SIGHUP is ignored in this shell (nohup); its case is not run"
 fi
+# SIGTERM during a long validation: it stops at the next batch, is not recorded, and the run
+# ends with its checkpoint as after any SIGTERM (a validation of minutes used to run to its end).
+make_tokens "$SCRATCH/long_val.bin" 2000000 3  # ≈ 25 s of validation for this model on one thread
+"$TRAIN" --config "$SCRATCH/tiny.json" --set data.val="$SCRATCH/long_val.bin" --set train.eval_every=10 \
+  --set train.eval_batches=1000000 --set model.n_embd=64 --set model.n_layer=2 --out "$SCRATCH/longval" >"$SCRATCH/longval.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do grep -q "step 0 | validating on" "$SCRATCH/longval.log" && break; sleep 0.1; done
+sleep 0.5
+kill -TERM "$pid"
+started=$(date +%s)
+set +e; wait "$pid"; code=$?; set -e
+[ "$code" -eq 143 ] || { cat "$SCRATCH/longval.log" >&2; fail "SIGTERM during validation: exit $code, expected 143"; }
+[ $(( $(date +%s) - started )) -le 5 ] || fail "SIGTERM during validation took more than 5 s to stop the run"
+grep -q "validation stopped by signal 15; not recorded" "$SCRATCH/longval.log" ||
+  { cat "$SCRATCH/longval.log" >&2; fail "no message for the stopped validation"; }
+! grep -q '"event":"eval"' "$SCRATCH/longval/metrics.jsonl" || fail "the stopped validation was recorded"
+ls "$SCRATCH/longval/checkpoints" | grep -q '^step_' || fail "no checkpoint after SIGTERM during validation"
+
 # kill -9 at several moments of a run that checkpoints (and prunes) every step: every step
 # directory left holds all three files, and --resume auto continues from the newest.
 KILL_RUN=(--config "$SCRATCH/tiny.json" --set train.steps=100000 --set train.checkpoint_every=1
