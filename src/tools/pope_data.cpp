@@ -18,6 +18,7 @@
 #include "pope/corpus.hpp"
 #include "pope/data.hpp"
 #include "pope/tokenizer.hpp"
+#include "tools/console_log.hpp"
 #include "tools/number_checks.hpp"
 #include "tools/version.hpp"
 
@@ -109,6 +110,7 @@ std::string printable(std::string_view bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pope::tools::log_to_stderr("pope-data");  // and a result lost on stdout (a full disk) fails the tool
   CLI::App app{"pope-data: GPT-2 token files (llm.c format) from text corpora"};
   app.require_subcommand(1);
   app.fallthrough();  // --tokenizer-dir may also follow the subcommand
