@@ -51,7 +51,7 @@ struct HfExportOptions {
   ExportDtype dtype = ExportDtype::f32;
   std::vector<std::string> overrides;        // "model.KEY=VALUE", as pope-eval --set
   ExportTokenizer tokenizer = ExportTokenizer::automatic;
-  std::filesystem::path tokenizer_dir;       // empty: $POPE_TOKENIZER_DIR, else data/tokenizer found upwards
+  std::filesystem::path tokenizer_dir;       // empty: as find_tokenizer_dir (pope/tokenizer.hpp)
   // Asked between files; true stops the export (ExportInterrupted), leaving nothing behind.
   std::function<bool()> stop_requested;
 };

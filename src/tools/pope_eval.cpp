@@ -474,8 +474,9 @@ int main(int argc, char** argv) {
   app.add_flag("--strict", o.strict, "zero-shot tasks: an example that would be skipped (e.g. a choice without "
                                      "tokens) is an error instead (by default skips are counted and reported)");
   app.add_option("--tokenizer-dir", o.tokenizer_dir, "zero-shot tasks: directory with encoder.json and vocab.bpe "
-                                                     "(default: $POPE_TOKENIZER_DIR, else data/tokenizer above the "
-                                                     "working directory)");
+                                                     "(default: $POPE_TOKENIZER_DIR, else data/tokenizer in or above "
+                                                     "the working directory, else PREFIX/share/pope/tokenizer of an "
+                                                     "installed binary, else data/tokenizer above the binary)");
   app.add_flag("--diagnostics", o.diagnostics,
                "PJ-RoPE mode: sector gates, mass per order, top order, energies on the lag grid 0..L−1 (L: --lengths, "
                "default the training length) and affine slopes per layer and head; with --data also leave-one-order-"

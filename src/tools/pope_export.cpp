@@ -62,8 +62,10 @@ int main(int argc, char** argv) {
                                         "--set model.position.rope.scaling.kind=yarn (repeatable)");
   auto* tokenizer_flag = app.add_option("--tokenizer", tokenizer_dir,
                                         "directory of the GPT-2 tokenizer files encoder.json and vocab.bpe (checked "
-                                        "against their pinned sha256); default $POPE_TOKENIZER_DIR, else the first "
-                                        "data/tokenizer above the working directory. Written only for a model with "
+                                        "against their pinned sha256); default $POPE_TOKENIZER_DIR, else data/tokenizer "
+                                        "in or above the working directory, else PREFIX/share/pope/tokenizer of an "
+                                        "installed binary, else data/tokenizer above the binary. Written only for a "
+                                        "model with "
                                         "GPT-2's 50,257-token vocabulary; such a model needs them or --no-tokenizer");
   app.add_flag("--no-tokenizer", no_tokenizer, "write no tokenizer files")->excludes(tokenizer_flag);
   pope::tools::finish_cli(app, "pope-export");

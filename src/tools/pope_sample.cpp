@@ -233,8 +233,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "auto | cpu | cuda")->check(pope::tools::one_of_names<pope::DeviceChoice>());
   app.add_option("--threads", o.threads, "CPU threads; 0: all cores")->check(pope::tools::threads_check(o.threads));
   app.add_option("--tokenizer-dir", o.tokenizer_dir, "directory with encoder.json and vocab.bpe (default: "
-                                                     "$POPE_TOKENIZER_DIR, else data/tokenizer above the working "
-                                                     "directory)");
+                                                     "$POPE_TOKENIZER_DIR, else data/tokenizer in or above the "
+                                                     "working directory, else PREFIX/share/pope/tokenizer of an "
+                                                     "installed binary, else data/tokenizer above the binary)");
   app.add_flag("-q,--quiet", o.quiet, "no information lines on stderr (the text still streams to stdout)");
   pope::tools::finish_cli(app, "pope-sample");
   try {

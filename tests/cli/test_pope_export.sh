@@ -225,11 +225,14 @@ if [ -f "$tokenizer/encoder.json" ] && [ -f "$tokenizer/vocab.bpe" ]; then
              --set model.position.kind=rope)
   expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/runs/gpt2" -q "${gpt2_sets[@]}"
   "$torch_python" "$CHECK" jitter "$SCRATCH/runs/gpt2/checkpoints/step_00000002/model.safetensors" 99
-  # Without tokenizer files to be found such a model is refused, naming both ways out.
-  expect_exit 2 env -u POPE_TOKENIZER_DIR bash -c "cd '$SCRATCH' && exec '$EXPORT' --checkpoint runs/gpt2 --out exports/gpt2_x"
+  # Without tokenizer files to be found such a model is refused, naming both ways out: a copy of the
+  # binary with no data/tokenizer above it (the build tree's binary finds the checkout's).
+  mkdir -p "$SCRATCH/bin" && cp "$EXPORT" "$SCRATCH/bin/"
+  lone_export="$SCRATCH/bin/$(basename "$EXPORT")"
+  expect_exit 2 env -u POPE_TOKENIZER_DIR bash -c "cd '$SCRATCH' && exec '$lone_export' --checkpoint runs/gpt2 --out exports/gpt2_x"
   expect_output "--tokenizer DIR"
   expect_output "--no-tokenizer"
-  expect_exit 0 env -u POPE_TOKENIZER_DIR bash -c "cd '$SCRATCH' && exec '$EXPORT' --checkpoint runs/gpt2 --out exports/gpt2_bare --no-tokenizer"
+  expect_exit 0 env -u POPE_TOKENIZER_DIR bash -c "cd '$SCRATCH' && exec '$lone_export' --checkpoint runs/gpt2 --out exports/gpt2_bare --no-tokenizer"
   [ ! -e "$SCRATCH/exports/gpt2_bare/vocab.json" ] || fail "--no-tokenizer wrote vocab.json"
   expect_exit 0 "$EXPORT" --checkpoint "$SCRATCH/runs/gpt2" --out "$SCRATCH/exports/gpt2" --tokenizer "$tokenizer"
   expect_output "tokenizer from $tokenizer"
