@@ -5,7 +5,8 @@
 # TRAIN_LEN marks only that length; by default each curve's train_length column is marked.
 # Needs gnuplot (Debian: gnuplot-nox, see scripts/setup.sh) and a built pope-eval, which writes
 # the gnuplot program (one source for this script and pope-eval --plot): $POPE_EVAL if set,
-# else pope-eval on PATH, else the newest build/*/src/pope-eval of this checkout.
+# else pope-eval on PATH, else PREFIX/bin/pope-eval when installed in PREFIX/share/pope/scripts,
+# else the newest build/*/src/pope-eval of this checkout.
 set -euo pipefail
 
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
@@ -18,6 +19,8 @@ eval_bin=${POPE_EVAL:-}
 if [ -z "$eval_bin" ]; then
   if command -v pope-eval >/dev/null 2>&1; then
     eval_bin=$(command -v pope-eval)
+  elif [ -x "$(dirname "$0")/../../../bin/pope-eval" ]; then  # installed: PREFIX/share/pope/scripts
+    eval_bin="$(dirname "$0")/../../../bin/pope-eval"
   else
     root=$(cd "$(dirname "$0")/.." && pwd)
     eval_bin=$(ls -t "$root"/build/*/src/pope-eval 2>/dev/null | head -1 || true)

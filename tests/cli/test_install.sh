@@ -39,6 +39,19 @@ for tool in pope-train pope-data pope-eval pope-sample pope-export pope-bench; d
   expect_output "^$tool [0-9]"
 done
 
+# The installed plot script runs the installed pope-eval, with none on PATH (its error then names the CSV).
+expect_exit 1 env -u POPE_EVAL PATH=/usr/bin:/bin "$PREFIX/share/pope/scripts/plot_lengths.sh" missing.csv out.png
+expect_output "missing.csv"
+
+# The tokenizer placed where the installed fetch script puts it is found by the installed tools.
+if [ -f "$POPE_SOURCE_DIR/data/tokenizer/encoder.json" ]; then
+  mkdir -p "$PREFIX/share/pope/tokenizer"
+  cp "$POPE_SOURCE_DIR"/data/tokenizer/{encoder.json,vocab.bpe} "$PREFIX/share/pope/tokenizer/"
+  expect_exit 0 env -u POPE_TOKENIZER_DIR "$PREFIX/bin/pope-data" encode Hello
+  expect_output "15496"
+  rm -r "$PREFIX/share/pope/tokenizer"
+fi
+
 # The installed fetch script's default directory, without fetching: every file "verified".
 bash -c 'source "$1"; verify_sha256() { true; }; fetch_tokenizer_main' _ "$PREFIX/share/pope/scripts/fetch_tokenizer.sh" \
   >"$SCRATCH/out" 2>&1 || { cat "$SCRATCH/out" >&2; fail "the installed fetch_tokenizer.sh failed"; }
