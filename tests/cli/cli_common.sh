@@ -24,6 +24,22 @@ expect_output() {
 }
 
 # A learnable synthetic token stream (nanoGPT uint16 format): t → (5t + 3) mod V with 10% noise.
+# write_tiny_config FILE 'TRAIN_KEYS': a one-layer CPU model on random tokens ($SCRATCH/train.bin
+# and val.bin, made on first use); TRAIN_KEYS are the train section's other "key": value pairs.
+write_tiny_config() {
+  [ -f "$SCRATCH/train.bin" ] || make_tokens "$SCRATCH/train.bin" 20000 1
+  [ -f "$SCRATCH/val.bin" ] || make_tokens "$SCRATCH/val.bin" 4000 2
+  cat >"$1" <<JSON
+{
+  "model": {"vocab_size": 64, "padded_vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 16,
+            "context_length": 16, "position": {"kind": "rope"}},
+  "data": {"train": "$SCRATCH/train.bin", "val": "$SCRATCH/val.bin"},
+  "train": {"batch_size": 4, "micro_batch_size": 4, "seq_len": 16, "log_every": 1, "eval_batches": 1,
+            "threads": 1, "device": "cpu", $2}
+}
+JSON
+}
+
 make_tokens() {  # FILE COUNT SEED
   python3 - "$1" "$2" "$3" <<'PY'
 import array, random, sys

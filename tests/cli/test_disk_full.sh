@@ -43,17 +43,7 @@ no_temporaries() {
   [ -z "$left" ] || problem "$1: temporary files left: $left"
 }
 
-make_tokens "$SCRATCH/train.bin" 20000 1
-make_tokens "$SCRATCH/val.bin" 4000 2
-cat >"$SCRATCH/tiny.json" <<JSON
-{
-  "model": {"vocab_size": 64, "padded_vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 16,
-            "context_length": 16, "position": {"kind": "rope"}},
-  "data": {"train": "$SCRATCH/train.bin", "val": "$SCRATCH/val.bin"},
-  "train": {"steps": 60, "batch_size": 4, "micro_batch_size": 4, "seq_len": 16, "log_every": 1,
-            "eval_every": 0, "eval_batches": 1, "checkpoint_every": 2, "threads": 1, "device": "cpu"}
-}
-JSON
+write_tiny_config "$SCRATCH/tiny.json" '"steps": 60, "eval_every": 0, "checkpoint_every": 2'
 # Sizes: config.json ≈ 2 KiB, model.safetensors ≈ 17 KiB, optimizer.safetensors ≈ 34 KiB.
 train() { "$TRAIN" --config "$SCRATCH/tiny.json" "$@"; }
 expect_exit 0 train --out "$SCRATCH/base" -q --stop-at 4

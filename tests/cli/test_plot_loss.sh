@@ -8,17 +8,7 @@ PLOT="$POPE_SOURCE_DIR/scripts/plot_loss.sh"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 missing"; exit 77; }
 
-make_tokens "$SCRATCH/train.bin" 20000 1
-make_tokens "$SCRATCH/val.bin" 4000 2
-cat >"$SCRATCH/tiny.json" <<JSON
-{
-  "model": {"vocab_size": 64, "padded_vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 16,
-            "context_length": 16, "position": {"kind": "rope"}},
-  "data": {"train": "$SCRATCH/train.bin", "val": "$SCRATCH/val.bin"},
-  "train": {"steps": 12, "batch_size": 4, "micro_batch_size": 4, "seq_len": 16, "log_every": 1,
-            "eval_every": 4, "eval_batches": 1, "threads": 1, "device": "cpu"}
-}
-JSON
+write_tiny_config "$SCRATCH/tiny.json" '"steps": 12, "eval_every": 4'
 for run in rope alibi; do
   expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --set model.position.kind=$run --out "$SCRATCH/$run" \
     --no-checkpoints -q

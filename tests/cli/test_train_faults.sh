@@ -5,17 +5,7 @@ source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
 
-make_tokens "$SCRATCH/train.bin" 20000 1
-make_tokens "$SCRATCH/val.bin" 4000 2
-cat >"$SCRATCH/tiny.json" <<JSON
-{
-  "model": {"vocab_size": 64, "padded_vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 16,
-            "context_length": 16, "position": {"kind": "rope"}},
-  "data": {"train": "$SCRATCH/train.bin", "val": "$SCRATCH/val.bin"},
-  "train": {"steps": 20, "batch_size": 4, "micro_batch_size": 4, "seq_len": 16, "log_every": 1,
-            "eval_every": 0, "eval_batches": 1, "checkpoint_every": 0, "threads": 1, "device": "cpu"}
-}
-JSON
+write_tiny_config "$SCRATCH/tiny.json" '"steps": 20, "eval_every": 0, "checkpoint_every": 0'
 
 # wait_for_steps RUN_DIR N: until metrics.jsonl holds N training records (at most 30 s).
 wait_for_steps() {
