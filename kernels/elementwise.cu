@@ -3,30 +3,20 @@
 // the remainder, or everything when a pointer is unaligned, goes element by element.
 #include "bf16_group.cuh"
 #include "elementwise.cuh"
+#include "gelu.cuh"
 
 namespace pope::kernels {
 
 namespace {
 
-constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
-constexpr float kGeluCubic = 0.044715f;
-
 struct GeluForward {
   static constexpr int kInputs = 1;
-  __device__ float operator()(const float* in) const {
-    const float x = in[0];
-    return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x)));
-  }
+  __device__ float operator()(const float* in) const { return gelu_tanh(in[0]); }
 };
 
 struct GeluBackward {
   static constexpr int kInputs = 2;  // dout, x
-  __device__ float operator()(const float* in) const {
-    const float dout = in[0], x = in[1];
-    const float t = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
-    const float du_dx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    return dout * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du_dx);
-  }
+  __device__ float operator()(const float* in) const { return in[0] * gelu_tanh_derivative(in[1]); }
 };
 
 struct Add {

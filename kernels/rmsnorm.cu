@@ -14,6 +14,7 @@
 #include "bf16_group.cuh"
 #include "block_reduce.cuh"
 #include "rmsnorm.cuh"
+#include "row_rms.cuh"
 
 namespace pope::kernels {
 
@@ -34,14 +35,7 @@ __global__ void rmsnorm_forward_kernel(__nv_bfloat16* out, float* rstd, const __
   if (row >= rows) return;  // whole warps leave together: the shuffles below stay complete
   const int groups = width / kWidth;
   const __nv_bfloat16* x_row = x + std::size_t(row) * width;
-  float sum_squares = 0.0f;
-#pragma unroll 4  // a row's loads issued together (GPT-2's 768 columns: 3 groups per lane)
-  for (int g = lane; g < groups; g += kWarpSize) {
-    const Bf16Group<kWidth> values = load_group<kWidth>(x_row, g);
-    for (int k = 0; k < kWidth; ++k) sum_squares += values.get(k) * values.get(k);
-  }
-  sum_squares = warp_reduce(sum_squares, SumOp{});
-  const float inverse_rms = 1.0f / sqrtf(sum_squares / float(width) + eps);
+  const float inverse_rms = warp_row_inverse_rms<kWidth>(x_row, width, eps);
   if (lane == 0) rstd[row] = inverse_rms;
   __nv_bfloat16* out_row = out + std::size_t(row) * width;
 #pragma unroll 4
