@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -236,6 +237,12 @@ class Backend {
   enum class MatmulEpilogue { add, gelu, gelu_backward };
   virtual void matmul_epilogue(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b,
                                MatmulEpilogue epilogue, Tensor aux);
+
+  // out = norm · wᵀ (w [N, K]) with norm = rmsnorm(x) · gain, as rmsnorm_forward writes norm and
+  // rstd; with an epilogue, out and aux as matmul_epilogue's. Composed from those ops here; the
+  // GPU fuses the norm into the product when there are only a few rows (decoding).
+  virtual void rmsnorm_matmul(Tensor out, Tensor norm, Tensor rstd, Tensor x, Tensor gain, double eps, Tensor w,
+                              std::optional<MatmulEpilogue> epilogue = std::nullopt, Tensor aux = {});
 
   // GELU, tanh approximation. backward writes dx = dout · gelu'(x) (dx may alias dout).
   virtual void gelu_forward(Tensor out, Tensor x) = 0;

@@ -27,6 +27,7 @@
 #include "device_error.cuh"
 #include "elementwise.cuh"
 #include "embedding.cuh"
+#include "few_rows_matmul.cuh"
 #include "fill.cuh"
 #include "model/bf16.hpp"
 #include "reduce.cuh"
@@ -365,13 +366,7 @@ class CudaBackend final : public Backend {
 
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor gain, double eps) override {
     constexpr std::string_view op = "rmsnorm_forward";
-    const auto [rows, width] = rows_and_width(op, x);
-    check_matrix(op, "x", x, DType::bf16, rows, width);
-    check_vector(op, "gain", gain, DType::bf16, width);
-    check_matrix(op, "out", out, DType::bf16, rows, width);
-    check_vector(op, "rstd", rstd, DType::f32, rows);
-    require(eps >= 0.0, op, fmt::format("eps is {}, expected >= 0", eps));
-    check_sizes(op, {rows, width});
+    const auto [rows, width] = check_rmsnorm_forward(op, out, rstd, x, gain, eps);
     launched(kernels::rmsnorm_forward(bf16_data(out), rstd.as<float>(), bf16_data(x), bf16_data(gain), int(rows),
                                       int(width), float(eps), stream_),
              op);
@@ -408,6 +403,7 @@ class CudaBackend final : public Backend {
     if (call.m == 0 || call.n == 0) return;
     call.alpha = float(alpha);
     call.beta = float(beta);
+    if (alpha == 1.0 && beta == 0.0 && run_few_rows(few_rows_call(call, kernels::FewRowsEpilogue::none, {}), op)) return;
     matmul_->run(call, stream_);
   }
 
@@ -415,12 +411,10 @@ class CudaBackend final : public Backend {
                        Tensor aux) override {
     constexpr std::string_view op = "matmul_epilogue";
     cuda::GemmCall call = gemm_call(op, out, a, b, transpose_a, transpose_b);
-    check_2d(op, "out", out, DType::bf16);
-    check_2d(op, "aux", aux, DType::bf16);
-    require(aux.dim(0) == out.dim(0) && aux.dim(1) == out.dim(1), op,
-            fmt::format("aux is {}, expected out's shape {}", shape_string(aux.shape), shape_string(out.shape)));
-    require(aux.data != out.data, op, "aux aliases out; expected separate matrices");
+    check_epilogue_aux(op, out, aux);
     if (call.m == 0 || call.n == 0) return;
+    if (epilogue != MatmulEpilogue::gelu_backward && run_few_rows(few_rows_call(call, few_rows_epilogue(epilogue), aux), op))
+      return;
     // cuBLASLt's GELU epilogues need an aux leading dimension divisible by 8 and a 16-byte
     // aligned aux; other shapes (never the model's: 4·n_embd columns) take the unfused ops.
     const bool aux_fusable = call.n % 8 == 0 && reinterpret_cast<std::uintptr_t>(aux.data) % 16 == 0;
@@ -443,6 +437,25 @@ class CudaBackend final : public Backend {
         break;
     }
     matmul_->run(call, stream_);
+  }
+
+  void rmsnorm_matmul(Tensor out, Tensor norm, Tensor rstd, Tensor x, Tensor gain, double eps, Tensor w,
+                      std::optional<MatmulEpilogue> epilogue, Tensor aux) override {
+    constexpr std::string_view op = "rmsnorm_matmul";
+    check_rmsnorm_forward(op, norm, rstd, x, gain, eps);
+    const cuda::GemmCall call = gemm_call(op, out, norm, w, false, true);
+    if (epilogue) check_epilogue_aux(op, out, aux);
+    if (call.m > 0 && call.n > 0 && epilogue != MatmulEpilogue::gelu_backward) {
+      kernels::FewRowsMatmul args =
+          few_rows_call(call, epilogue ? few_rows_epilogue(*epilogue) : kernels::FewRowsEpilogue::none, aux);
+      args.x = bf16_data(x);
+      args.gain = bf16_data(gain);
+      args.eps = float(eps);
+      args.norm_out = bf16_data(norm);
+      args.rstd_out = rstd.as<float>();
+      if (run_few_rows(args, op)) return;
+    }
+    Backend::rmsnorm_matmul(out, norm, rstd, x, gain, eps, w, epilogue, aux);
   }
 
   // ---- elementwise --------------------------------------------------------------------------
@@ -668,6 +681,56 @@ class CudaBackend final : public Backend {
   double* sum_result_ = nullptr;
   // The product's operands and sizes, validated: op(a) [M, K] · op(b) [K, N] = out [M, N],
   // bf16 operands. K > 0 unless the product is empty.
+  std::pair<std::int64_t, std::int64_t> check_rmsnorm_forward(std::string_view op, Tensor out, Tensor rstd, Tensor x,
+                                                              Tensor gain, double eps) {
+    const auto [rows, width] = rows_and_width(op, x);
+    check_matrix(op, "x", x, DType::bf16, rows, width);
+    check_vector(op, "gain", gain, DType::bf16, width);
+    check_matrix(op, "out", out, DType::bf16, rows, width);
+    check_vector(op, "rstd", rstd, DType::f32, rows);
+    require(eps >= 0.0, op, fmt::format("eps is {}, expected >= 0", eps));
+    check_sizes(op, {rows, width});
+    return {rows, width};
+  }
+
+  void check_epilogue_aux(std::string_view op, Tensor out, Tensor aux) {
+    check_2d(op, "out", out, DType::bf16);
+    check_2d(op, "aux", aux, DType::bf16);
+    require(aux.dim(0) == out.dim(0) && aux.dim(1) == out.dim(1), op,
+            fmt::format("aux is {}, expected out's shape {}", shape_string(aux.shape), shape_string(out.shape)));
+    require(aux.data != out.data, op, "aux aliases out; expected separate matrices");
+  }
+
+  static kernels::FewRowsEpilogue few_rows_epilogue(MatmulEpilogue epilogue) {
+    return epilogue == MatmulEpilogue::add ? kernels::FewRowsEpilogue::add : kernels::FewRowsEpilogue::gelu;
+  }
+
+  // A product a · bᵀ of a few rows as the few-rows kernel takes it (supports() says whether it can).
+  static kernels::FewRowsMatmul few_rows_call(const cuda::GemmCall& call, kernels::FewRowsEpilogue epilogue,
+                                              Tensor aux) {
+    kernels::FewRowsMatmul args;
+    if (call.transpose_a || !call.transpose_b || call.m > kernels::kFewRowsMax) return args;  // rows = 0: unsupported
+    args.rows = int(call.m);
+    args.n = int(call.n);
+    args.k = int(call.k);
+    args.x = static_cast<const __nv_bfloat16*>(call.a);
+    args.w = static_cast<const __nv_bfloat16*>(call.b);
+    args.out = call.out;
+    args.out_f32 = call.out_is_f32;
+    args.epilogue = epilogue;
+    if (epilogue == kernels::FewRowsEpilogue::add) args.addend = static_cast<const __nv_bfloat16*>(aux.data);
+    if (epilogue == kernels::FewRowsEpilogue::gelu) args.aux = static_cast<__nv_bfloat16*>(aux.data);
+    return args;
+  }
+
+  // Decoding's products of one token per sequence: one weight-streaming kernel instead of
+  // cuBLASLt's split-K GEMM and its reduction. False when the kernel does not take the call.
+  bool run_few_rows(const kernels::FewRowsMatmul& args, std::string_view op) {
+    if (!kernels::few_rows_matmul_supports(args)) return false;
+    launched(kernels::few_rows_matmul(args, stream_), op);
+    return true;
+  }
+
   cuda::GemmCall gemm_call(std::string_view op, Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b) {
     check_2d(op, "a", a, DType::bf16);
     check_2d(op, "b", b, DType::bf16);

@@ -39,6 +39,16 @@ void Backend::matmul_epilogue(Tensor out, Tensor a, Tensor b, bool transpose_a, 
   throw std::logic_error("matmul_epilogue: unhandled epilogue");
 }
 
+void Backend::rmsnorm_matmul(Tensor out, Tensor norm, Tensor rstd, Tensor x, Tensor gain, double eps, Tensor w,
+                             std::optional<MatmulEpilogue> epilogue, Tensor aux) {
+  rmsnorm_forward(norm, rstd, x, gain, eps);
+  if (epilogue) {
+    matmul_epilogue(out, norm, w, false, true, *epilogue, aux);
+  } else {
+    matmul(out, norm, w, false, true);
+  }
+}
+
 OwnedTensor allocate_tensor(Backend& backend, Shape shape, DType dtype) {
   OwnedTensor owned;
   const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);

@@ -380,20 +380,20 @@ void Model::layer_forward(int l, const LayerTensors& t, bool recompute, const La
   const LayerIndex& li = layers_[std::size_t(l)];
   std::vector<Tensor> pparams;  // read from the master weights: the encodings work in fp32
   for (auto idx : li.position) pparams.push_back(layout_.view(params_.tensor, idx));
-  be.rmsnorm_forward(t.norm1, t.rstd1, t.residual, weight(li.attn_norm), config_.norm_eps);
-  be.matmul(t.qkv, t.norm1, weight(li.qkv), false, true);
+  be.rmsnorm_matmul(t.qkv, t.norm1, t.rstd1, t.residual, weight(li.attn_norm), config_.norm_eps, weight(li.qkv));
   attention(t, pparams);
   // residual_mid = residual + attn · W_projᵀ, the residual added in the GEMM's epilogue
   be.matmul_epilogue(t.residual_mid, t.attn, weight(li.attn_proj), false, true, Backend::MatmulEpilogue::add,
                      t.residual);
-  be.rmsnorm_forward(t.norm2, t.rstd2, t.residual_mid, weight(li.mlp_norm), config_.norm_eps);
+  const Tensor mlp_gain = weight(li.mlp_norm), fc = weight(li.fc);
   if (recompute) {
     // GELU from the stored bf16 pre-activation, exactly as the backward will recompute it
     // (the fused epilogue works from the f32 product, which is not kept).
-    be.matmul(t.fc_pre, t.norm2, weight(li.fc), false, true);
+    be.rmsnorm_matmul(t.fc_pre, t.norm2, t.rstd2, t.residual_mid, mlp_gain, config_.norm_eps, fc);
     be.gelu_forward(t.fc_act, t.fc_pre);
   } else {
-    be.matmul_epilogue(t.fc_act, t.norm2, weight(li.fc), false, true, Backend::MatmulEpilogue::gelu, t.fc_pre);
+    be.rmsnorm_matmul(t.fc_act, t.norm2, t.rstd2, t.residual_mid, mlp_gain, config_.norm_eps, fc,
+                      Backend::MatmulEpilogue::gelu, t.fc_pre);
   }
   be.matmul_epilogue(t.residual_out, t.fc_act, weight(li.mlp_proj), false, true, Backend::MatmulEpilogue::add,
                      t.residual_mid);

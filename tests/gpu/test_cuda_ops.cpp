@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -371,6 +372,80 @@ TEST_F(CudaMatmulEpilogue, RefusesAuxAliasingOut) {
         gpu_->matmul_epilogue(out.tensor, a.tensor, a.tensor, false, true, Backend::MatmulEpilogue::add, out.tensor);
       },
       "aux aliases out");
+}
+
+// Decoding's products of one row per sequence (kernels/few_rows_matmul.cu): up to 8 rows, plain,
+// with the add and GELU epilogues, f32 logits, and with the RMSNorm fused in front.
+class CudaFewRowsMatmul : public CudaMatmulEpilogue {
+ protected:
+  // rmsnorm_matmul against the CPU's composition; and on the GPU, bit for bit, against
+  // rmsnorm_forward followed by the same product: the fused norm is the stored norm.
+  void expect_rmsnorm_matmul_matches(std::int64_t rows, std::int64_t k, std::int64_t n, bool gelu) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows << " k " << k << " n " << n << " gelu " << gelu);
+    Pair x = pair({rows, k}, DType::bf16, random_bf16_values(std::size_t(rows * k), seed_++, 2.0f));
+    std::vector<float> gain_values = random_bf16_values(std::size_t(k), seed_++, 0.2f);
+    for (float& g : gain_values) g = bf16_to_float(float_to_bf16(1.0f + g));
+    Pair gain = pair({k}, DType::bf16, gain_values);
+    Pair w = pair({n, k}, DType::bf16, random_bf16_values(std::size_t(n * k), seed_++, 0.05f));
+    auto zeros = [&](Shape shape, DType dtype) {
+      return pair(shape, dtype, std::vector<float>(std::size_t(shape_numel(shape)), 0.0f));
+    };
+    Pair out = zeros({rows, n}, DType::bf16), aux = zeros({rows, n}, DType::bf16);
+    Pair norm = zeros({rows, k}, DType::bf16), rstd = zeros({rows}, DType::f32);
+    for (Pair* p : {&out, &aux, &norm, &rstd}) poison(*gpu_, p->gpu.tensor);
+    const std::optional<Backend::MatmulEpilogue> epilogue =
+        gelu ? std::optional(Backend::MatmulEpilogue::gelu) : std::nullopt;
+    gpu_->rmsnorm_matmul(out.gpu.tensor, norm.gpu.tensor, rstd.gpu.tensor, x.gpu.tensor, gain.gpu.tensor, 1e-5,
+                         w.gpu.tensor, epilogue, aux.gpu.tensor);
+    cpu_->rmsnorm_matmul(out.cpu.tensor, norm.cpu.tensor, rstd.cpu.tensor, x.cpu.tensor, gain.cpu.tensor, 1e-5,
+                         w.cpu.tensor, epilogue, aux.cpu.tensor);
+    EXPECT_LT(error_of(out), kBf16Tolerance);
+    EXPECT_LT(error_of(norm), kBf16Tolerance);
+    EXPECT_LT(error_of(rstd), 1e-5);
+    if (gelu) EXPECT_LT(error_of(aux), kBf16Tolerance);
+
+    OwnedTensor norm2 = allocate_tensor(*gpu_, {rows, k}, DType::bf16), rstd2 = allocate_tensor(*gpu_, {rows}, DType::f32);
+    OwnedTensor out2 = allocate_tensor(*gpu_, {rows, n}, DType::bf16), aux2 = allocate_tensor(*gpu_, {rows, n}, DType::bf16);
+    gpu_->rmsnorm_forward(norm2.tensor, rstd2.tensor, x.gpu.tensor, gain.gpu.tensor, 1e-5);
+    if (gelu) {
+      gpu_->matmul_epilogue(out2.tensor, norm2.tensor, w.gpu.tensor, false, true, Backend::MatmulEpilogue::gelu,
+                            aux2.tensor);
+      EXPECT_EQ(download(*gpu_, aux2.tensor), download(*gpu_, aux.gpu.tensor));
+    } else {
+      gpu_->matmul(out2.tensor, norm2.tensor, w.gpu.tensor, false, true);
+    }
+    EXPECT_EQ(download(*gpu_, norm2.tensor), download(*gpu_, norm.gpu.tensor));
+    EXPECT_EQ(download(*gpu_, rstd2.tensor), download(*gpu_, rstd.gpu.tensor));
+    EXPECT_EQ(download(*gpu_, out2.tensor), download(*gpu_, out.gpu.tensor));
+  }
+};
+
+TEST_F(CudaFewRowsMatmul, PlainProductsOfOneToEightRowsMatchCpu) {
+  for (std::int64_t rows : {1, 2, 3, 5, 8, 9}) {  // 9: past the kernel, cuBLASLt again
+    expect_matmul_matches(rows, 768, 2304, false, true, DType::bf16, 1.0, 0.0, kBf16Tolerance);
+    expect_matmul_matches(rows, 64, 71, false, true, DType::bf16, 1.0, 0.0, kBf16Tolerance);
+    expect_matmul_matches(rows, 768, 1000, false, true, DType::f32, 1.0, 0.0, 1e-4);  // logits
+    expect_matmul_matches(rows, 53, 71, false, true, DType::bf16, 1.0, 0.0, kBf16Tolerance);  // k not a multiple of 8
+    expect_matmul_matches(rows, 64, 71, false, true, DType::bf16, 1.0, 0.0, kBf16Tolerance, 1);  // unaligned a
+  }
+}
+
+TEST_F(CudaFewRowsMatmul, EpiloguesOfOneToEightRowsMatchCpu) {
+  for (std::int64_t rows : {1, 3, 8})
+    for (auto epilogue : {Backend::MatmulEpilogue::add, Backend::MatmulEpilogue::gelu}) {
+      expect_epilogue_matches(rows, 768, 3072, epilogue);
+      expect_epilogue_matches(rows, 3072, 768, epilogue);
+      expect_epilogue_matches(rows, 64, 71, epilogue);
+    }
+}
+
+TEST_F(CudaFewRowsMatmul, FusedNormMatchesCpuAndTheStandaloneNormBitwise) {
+  for (std::int64_t rows : {1, 2, 5, 8})
+    for (bool gelu : {false, true}) {
+      expect_rmsnorm_matmul_matches(rows, 768, 2304, gelu);
+      expect_rmsnorm_matmul_matches(rows, 64, 71, gelu);
+    }
+  expect_rmsnorm_matmul_matches(37, 64, 71, true);  // many rows: the composed ops
 }
 
 TEST_F(CudaMatmul, GptLayerShapes) {
