@@ -1,8 +1,9 @@
 // Incremental decoding's attention (decode_attention.cuh). A block of four warps takes one
 // (query row, head, sequence) and one range of keys; each warp takes every fourth key of the
 // range, its lanes splitting the q̃·k̃ dot product and the value row two channels each, with an
-// online softmax per warp. The warps, then the ranges, merge their (max, sum, Σ p·v) in a fixed
-// order.
+// online softmax per warp. The warps merge their (max, sum, Σ p·v) in a fixed order; with
+// several ranges, each block stores its partial and counts itself in, and the last block of
+// the (row, head) merges the ranges in range order.
 #include "attention/decode_attention.cuh"
 
 #include <algorithm>
@@ -24,28 +25,17 @@ __host__ __device__ inline std::size_t partial_stride(int head_dim) { return std
 // Blocks a decode call aims for: a few waves of a large GPU.
 constexpr int kTargetBlocks = 1024;
 
-__global__ void append_kernel(DecodeDims dims, const __nv_bfloat16* k_encoded, const __nv_bfloat16* qkv,
-                              __nv_bfloat16* keys, __nv_bfloat16* values) {
-  const int b = blockIdx.x / dims.new_rows, i = blockIdx.x % dims.new_rows, h = blockIdx.y;
-  const int t = *dims.past + i;
-  if (t >= dims.capacity) return;  // the host checks p0 + n ≤ capacity; never write past the cache
-  const long C = long(dims.n_head) * dims.head_dim;
-  const long slot = (long(b) * dims.n_head + h) * dims.capacity + t;
-  const __nv_bfloat16* k_row = k_encoded + ((long(b) * dims.n_head + h) * dims.new_rows + i) * dims.qk_width;
-  const __nv_bfloat16* v_row = qkv + (long(b) * dims.new_rows + i) * 3 * C + 2 * C + long(h) * dims.head_dim;
-  for (int c = threadIdx.x; c < dims.qk_width; c += blockDim.x) keys[slot * dims.qk_width + c] = k_row[c];
-  for (int c = threadIdx.x; c < dims.head_dim; c += blockDim.x) values[slot * dims.head_dim + c] = v_row[c];
-}
-
 __device__ inline float warp_sum(float x) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
 
+
 __global__ void __launch_bounds__(kWarps * kWarpSize)
-    range_kernel(DecodeDims dims, ScoreParams score, const __nv_bfloat16* q_encoded, const __nv_bfloat16* keys,
-                 const __nv_bfloat16* values, float* partials) {
+    range_kernel(DecodeDims dims, ScoreParams score, const __nv_bfloat16* q_encoded, const __nv_bfloat16* k_encoded,
+                 const __nv_bfloat16* qkv, __nv_bfloat16* keys, __nv_bfloat16* values, float* partials,
+                 int* counters, __nv_bfloat16* out) {
   __shared__ float warp_state[kWarps][kMaxWidth + 2];
   const int split = blockIdx.x % dims.splits, row = blockIdx.x / dims.splits, h = blockIdx.y;  // row = b·n + i
   const int b = row / dims.new_rows, i = row % dims.new_rows;
@@ -53,7 +43,18 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int W = dims.qk_width, d = dims.head_dim;
   const long head_slot = (long(b) * dims.n_head + h) * dims.capacity;
-  const __nv_bfloat16* q = q_encoded + ((long(b) * dims.n_head + h) * dims.new_rows + i) * W;
+  const long C = long(dims.n_head) * d;
+  const long new_head = (long(b) * dims.n_head + h) * dims.new_rows;  // row (b, h, 0) of q̃ and k̃
+  const __nv_bfloat16* q = q_encoded + (new_head + i) * W;
+  // The new rows' keys and values: read from this call's rows, and appended by split 0 of each row.
+  auto key_row = [&](int s) { return s < past ? keys + (head_slot + s) * W : k_encoded + (new_head + s - past) * W; };
+  auto value_row = [&](int s) {
+    return s < past ? values + (head_slot + s) * d : qkv + (long(b) * dims.new_rows + s - past) * 3 * C + 2 * C + long(h) * d;
+  };
+  if (split == 0 && t < dims.capacity) {  // the host checks p0 + n ≤ capacity; never write past the cache
+    for (int c = threadIdx.x; c < W; c += blockDim.x) keys[(head_slot + t) * W + c] = key_row(t)[c];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) values[(head_slot + t) * d + c] = value_row(t)[c];
+  }
 
   float q_lane[kPerLane], o[kPerLane];
 #pragma unroll
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   const int per_split = (total + dims.splits - 1) / dims.splits;
   const int first = split * per_split, last = min(first + per_split, min(t + 1, dims.capacity));  // keys s ≤ t
   for (int s = first + warp; s < last; s += kWarps) {
-    const __nv_bfloat16* k_row = keys + (head_slot + s) * W;
+    const __nv_bfloat16* k_row = key_row(s);
     float dot = 0.0f;
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
     const float new_m = fmaxf(m, x);
     const float correction = __expf(m - new_m), p = __expf(x - new_m);
     l = l * correction + p;
-    const __nv_bfloat16* v_row = values + (head_slot + s) * d;
+    const __nv_bfloat16* v_row = value_row(s);
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int c = lane + k * kWarpSize;
@@ -104,41 +105,52 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   if (warp != 0) return;
   float merged_m = -INFINITY;
   for (int w = 0; w < kWarps; ++w) merged_m = fmaxf(merged_m, warp_state[w][0]);
-  float* out = partials + ((long(row) * dims.n_head + h) * dims.splits + split) * partial_stride(d);
   float merged_l = 0.0f;
   for (int w = 0; w < kWarps; ++w)
     if (warp_state[w][0] != -INFINITY) merged_l += warp_state[w][1] * __expf(warp_state[w][0] - merged_m);
-  for (int c = lane; c < d; c += kWarpSize) {
+  auto merged_sum = [&](int c) {
     float sum = 0.0f;
     for (int w = 0; w < kWarps; ++w)
       if (warp_state[w][0] != -INFINITY) sum += warp_state[w][2 + c] * __expf(warp_state[w][0] - merged_m);
-    out[2 + c] = sum;
+    return sum;
+  };
+  __nv_bfloat16* y = out + long(row) * C + long(h) * d;
+  if (dims.splits == 1) {
+    const float inverse = 1.0f / merged_l;
+    for (int c = lane; c < d; c += kWarpSize) y[c] = __float2bfloat16(merged_sum(c) * inverse);
+    return;
   }
+  const float* ranges = partials + (long(row) * dims.n_head + h) * dims.splits * partial_stride(d);
+  float* mine = partials + ((long(row) * dims.n_head + h) * dims.splits + split) * partial_stride(d);
+  for (int c = lane; c < d; c += kWarpSize) mine[2 + c] = merged_sum(c);
   if (lane == 0) {
-    out[0] = merged_m;
-    out[1] = merged_l;
+    mine[0] = merged_m;
+    mine[1] = merged_l;
   }
-}
-
-// A range with no key of the row (past its last key) holds m = −∞, l = 0 and adds nothing.
-__global__ void merge_kernel(DecodeDims dims, const float* partials, __nv_bfloat16* out) {
-  const int row = blockIdx.x, h = blockIdx.y;
-  const int d = dims.head_dim;
-  const float* first = partials + (long(row) * dims.n_head + h) * dims.splits * partial_stride(d);
-  auto max_of = [&](int c) { return first[c * partial_stride(d)]; };
-  float m = -INFINITY;
-  for (int c = 0; c < dims.splits; ++c) m = fmaxf(m, max_of(c));
-  float l = 0.0f;
+  // Count this range in; the last range's block merges them all (its loads bypass L1, where
+  // an earlier call's partials may linger).
+  __threadfence();
+  __syncwarp();
+  int* counter = counters + long(row) * dims.n_head + h;
+  int arrived = lane == 0 ? atomicAdd(counter, 1) : 0;
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  if (arrived != dims.splits - 1) return;
+  __threadfence();
+  auto max_of = [&](int c) { return __ldcg(ranges + c * partial_stride(d)); };
+  float total_m = -INFINITY;
+  for (int c = 0; c < dims.splits; ++c) total_m = fmaxf(total_m, max_of(c));
+  float total_l = 0.0f;  // a range with no key of the row (past its last key) holds m = −∞, l = 0
   for (int c = 0; c < dims.splits; ++c)
-    if (max_of(c) != -INFINITY) l += first[c * partial_stride(d) + 1] * __expf(max_of(c) - m);
-  const float inverse = 1.0f / l;
-  __nv_bfloat16* y = out + long(row) * dims.n_head * d + long(h) * d;
-  for (int ch = threadIdx.x; ch < d; ch += blockDim.x) {
+    if (max_of(c) != -INFINITY) total_l += __ldcg(ranges + c * partial_stride(d) + 1) * __expf(max_of(c) - total_m);
+  const float inverse = 1.0f / total_l;
+  for (int ch = lane; ch < d; ch += kWarpSize) {
     float sum = 0.0f;
     for (int c = 0; c < dims.splits; ++c)
-      if (max_of(c) != -INFINITY) sum += first[c * partial_stride(d) + 2 + ch] * __expf(max_of(c) - m);
+      if (max_of(c) != -INFINITY)
+        sum += __ldcg(ranges + c * partial_stride(d) + 2 + ch) * __expf(max_of(c) - total_m);
     y[ch] = __float2bfloat16(sum * inverse);
   }
+  if (lane == 0) *counter = 0;  // ready for the next call
 }
 
 bool valid(const DecodeDims& dims) {
@@ -161,22 +173,18 @@ std::size_t decode_attention_partial_floats(const DecodeDims& dims) {
          partial_stride(dims.head_dim);
 }
 
-cudaError_t append_to_kv_cache(const DecodeDims& dims, const __nv_bfloat16* k_encoded, const __nv_bfloat16* qkv,
-                               __nv_bfloat16* keys, __nv_bfloat16* values, cudaStream_t stream) {
-  if (!valid(dims)) return cudaErrorInvalidValue;
-  append_kernel<<<dim3(dims.batch * dims.new_rows, dims.n_head), 128, 0, stream>>>(dims, k_encoded, qkv, keys,
-                                                                                     values);
-  return cudaGetLastError();
+std::size_t decode_attention_counters(const DecodeDims& dims) {
+  return std::size_t(dims.batch) * dims.new_rows * dims.n_head;
 }
 
 cudaError_t decode_attention(const DecodeDims& dims, const ScoreParams& score, const __nv_bfloat16* q_encoded,
-                             const __nv_bfloat16* keys, const __nv_bfloat16* values, float* partials,
-                             __nv_bfloat16* out, cudaStream_t stream) {
+                             const __nv_bfloat16* k_encoded, const __nv_bfloat16* qkv, __nv_bfloat16* keys,
+                             __nv_bfloat16* values, float* partials, int* counters, __nv_bfloat16* out,
+                             cudaStream_t stream) {
   if (!valid(dims)) return cudaErrorInvalidValue;
   const int rows = dims.batch * dims.new_rows;
   range_kernel<<<dim3(unsigned(rows) * unsigned(dims.splits), dims.n_head), kWarps * kWarpSize, 0, stream>>>(
-      dims, score, q_encoded, keys, values, partials);
-  merge_kernel<<<dim3(rows, dims.n_head), 128, 0, stream>>>(dims, partials, out);
+      dims, score, q_encoded, k_encoded, qkv, keys, values, partials, counters, out);
   return cudaGetLastError();
 }
 

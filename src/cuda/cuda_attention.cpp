@@ -189,12 +189,13 @@ void check_encoded(std::string_view op, const Tensor& encoded, const AttentionDi
 }  // namespace
 
 struct AttentionRunner::Scratch {
-  DeviceScratch q, k, dq, dk, row_dot, decode_partials, bias_grad_partials, delta_grad_partials, learned_table, learned_diag_grad,
+  DeviceScratch q, k, dq, dk, row_dot, decode_partials, decode_counters, bias_grad_partials, delta_grad_partials, learned_table, learned_diag_grad,
       learned_partials, phases;
   DeviceTable<double> frequencies, scale_rates;
   DeviceTable<float> bias, bias_slopes;
   DeviceTable<int> bucket_of_lag, bucket_starts;
   SideStream side;  // a learned bias's small kernels, beside the attention's big ones
+  std::size_t decode_counters_zeroed = 0;  // the counters' block size when its zeros were queued
 #ifdef POPE_HAVE_CUDNN
   std::unique_ptr<CudnnAttention> cudnn;  // created on the first cudnn call (cudnnCreate is not free)
 #endif
@@ -380,7 +381,7 @@ std::size_t AttentionRunner::scratch_bytes() const {
   const Scratch& s = *scratch_;
   std::size_t total = s.frequencies.bytes() + s.scale_rates.bytes() + s.bias.bytes() + s.bias_slopes.bytes() +
                       s.bucket_of_lag.bytes() + s.bucket_starts.bytes() + s.cudnn_bytes();
-  for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.decode_partials, &s.bias_grad_partials,
+  for (const DeviceScratch* block : {&s.q, &s.k, &s.dq, &s.dk, &s.row_dot, &s.decode_partials, &s.decode_counters, &s.bias_grad_partials,
                                      &s.delta_grad_partials, &s.learned_table, &s.learned_diag_grad,
                                      &s.learned_partials, &s.phases})
     total += block->bytes();
@@ -467,16 +468,21 @@ void AttentionRunner::decode(const AttentionDecode& args, cudaStream_t stream) {
   auto* k_new = reserve_elements<__nv_bfloat16>(scratch_->k, encoded_elements(dims));
   const auto* qkv = static_cast<const __nv_bfloat16*>(args.qkv.data);
   POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, qkv, q_new, k_new, stream));
-  POPE_CUDA_CHECK(kernels::append_to_kv_cache(decode_dims, k_new, qkv, static_cast<__nv_bfloat16*>(keys.data),
-                                              static_cast<__nv_bfloat16*>(values.data), stream));
   const BiasPlan bias_plan = encoding.bias_plan(whole);
   const std::optional<LearnedBias> learned = scratch_->learned_bias(bias_plan, whole, params, {}, stream);
   const kernels::ScoreParams score =
       scratch_->score(encoding, bias_plan, whole, learned, stream, Scratch::LearnedTable{stream, nullptr, false});
   auto* partials =
       reserve_elements<float>(scratch_->decode_partials, kernels::decode_attention_partial_floats(decode_dims));
-  POPE_CUDA_CHECK(kernels::decode_attention(decode_dims, score, q_new, static_cast<const __nv_bfloat16*>(keys.data),
-                                            static_cast<const __nv_bfloat16*>(values.data), partials,
+  // The counters' block holds only counters, zero between calls; a block grows only, so a new
+  // size means a new block, cleared once.
+  auto* counters = reserve_elements<int>(scratch_->decode_counters, kernels::decode_attention_counters(decode_dims));
+  if (scratch_->decode_counters.bytes() != scratch_->decode_counters_zeroed) {
+    POPE_CUDA_CHECK(cudaMemsetAsync(counters, 0, scratch_->decode_counters.bytes(), stream));
+    scratch_->decode_counters_zeroed = scratch_->decode_counters.bytes();
+  }
+  POPE_CUDA_CHECK(kernels::decode_attention(decode_dims, score, q_new, k_new, qkv, static_cast<__nv_bfloat16*>(keys.data),
+                                            static_cast<__nv_bfloat16*>(values.data), partials, counters,
                                             static_cast<__nv_bfloat16*>(args.out.data), stream));
 }
 
