@@ -1,7 +1,7 @@
 // Incremental decoding's attention (decode_attention.cuh). A block of four warps takes one
 // (query row, head, sequence) and one range of keys; each warp takes every fourth key of the
-// range, its lanes splitting the q̃·k̃ dot product and the value row two channels each, with an
-// online softmax per warp. The warps merge their (max, sum, Σ p·v) in a fixed order; with
+// range, four such keys per pass (their loads issued together), its lanes splitting the q̃·k̃
+// dot product and the value row two channels each, with an online softmax per warp. The warps merge their (max, sum, Σ p·v) in a fixed order; with
 // several ranges, each block stores its partial and counts itself in, and the last block of
 // the (row, head) merges the ranges in range order.
 #include "attention/decode_attention.cuh"
@@ -18,6 +18,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxWidth = 256;                     // W and d
 constexpr int kPerLane = kMaxWidth / kWarpSize;    // channels a lane may hold
+constexpr int kKeysPerPass = 4;                    // keys a warp scores together, their loads in flight at once
 
 // Rows of a partial: max m, sum l, then d floats of Σ p·v, for each (b, h, i, range).
 __host__ __device__ inline std::size_t partial_stride(int head_dim) { return std::size_t(head_dim) + 2; }
@@ -31,6 +32,11 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
+__device__ inline float warp_max(float x) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
 
 __global__ void __launch_bounds__(kWarps * kWarpSize)
     range_kernel(DecodeDims dims, ScoreParams score, const __nv_bfloat16* q_encoded, const __nv_bfloat16* k_encoded,
@@ -68,25 +74,42 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   float m = -INFINITY, l = 0.0f;
   const int per_split = (total + dims.splits - 1) / dims.splits;
   const int first = split * per_split, last = min(first + per_split, min(t + 1, dims.capacity));  // keys s ≤ t
-  for (int s = first + warp; s < last; s += kWarps) {
-    const __nv_bfloat16* k_row = key_row(s);
-    float dot = 0.0f;
+  for (int s0 = first + warp; s0 < last; s0 += kWarps * kKeysPerPass) {
+    float x[kKeysPerPass], v[kKeysPerPass][kPerLane];
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const int c = lane + k * kWarpSize;
-      if (c < W) dot += q_lane[k] * __bfloat162float(k_row[c]);
+    for (int g = 0; g < kKeysPerPass; ++g) {  // every load first, then the sums
+      const int s = s0 + g * kWarps < last ? s0 + g * kWarps : s0;
+      const __nv_bfloat16* k_row = key_row(s);
+      const __nv_bfloat16* v_row = value_row(s);
+      float dot = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        const int c = lane + k * kWarpSize;
+        if (c < W) dot += q_lane[k] * __bfloat162float(k_row[c]);
+        v[g][k] = c < d ? __bfloat162float(v_row[c]) : 0.0f;
+      }
+      x[g] = dot;
     }
-    float x = warp_sum(dot) * score.scale;
-    if (score.bias_slopes != nullptr) x += slope * float(t - s);
-    else if (bias_row != nullptr) x += bias_row[t - s];
-    const float new_m = fmaxf(m, x);
-    const float correction = __expf(m - new_m), p = __expf(x - new_m);
-    l = l * correction + p;
-    const __nv_bfloat16* v_row = value_row(s);
+    float new_m = m;
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const int c = lane + k * kWarpSize;
-      o[k] = o[k] * correction + (c < d ? p * __bfloat162float(v_row[c]) : 0.0f);
+    for (int g = 0; g < kKeysPerPass; ++g) {
+      const int s = s0 + g * kWarps;
+      x[g] = warp_sum(x[g]) * score.scale;
+      if (score.bias_slopes != nullptr) x[g] += slope * float(t - s);
+      else if (bias_row != nullptr && s < last) x[g] += bias_row[t - s];
+      if (s >= last) x[g] = -INFINITY;  // past the range: no weight
+      new_m = fmaxf(new_m, x[g]);
+    }
+    const float correction = __expf(m - new_m);
+    l *= correction;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) o[k] *= correction;
+#pragma unroll
+    for (int g = 0; g < kKeysPerPass; ++g) {
+      const float p = __expf(x[g] - new_m);
+      l += p;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) o[k] += p * v[g][k];
     }
     m = new_m;
   }
@@ -136,19 +159,36 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   arrived = __shfl_sync(0xffffffffu, arrived, 0);
   if (arrived != dims.splits - 1) return;
   __threadfence();
-  auto max_of = [&](int c) { return __ldcg(ranges + c * partial_stride(d)); };
+  // Each lane loads the (max, sum) of ranges lane, lane + 32, …; a range's weight is then
+  // broadcast to every lane, which adds its channels. Loads bypass L1 (__ldcg).
+  const std::size_t stride = partial_stride(d);
   float total_m = -INFINITY;
-  for (int c = 0; c < dims.splits; ++c) total_m = fmaxf(total_m, max_of(c));
-  float total_l = 0.0f;  // a range with no key of the row (past its last key) holds m = −∞, l = 0
-  for (int c = 0; c < dims.splits; ++c)
-    if (max_of(c) != -INFINITY) total_l += __ldcg(ranges + c * partial_stride(d) + 1) * __expf(max_of(c) - total_m);
-  const float inverse = 1.0f / total_l;
-  for (int ch = lane; ch < d; ch += kWarpSize) {
-    float sum = 0.0f;
-    for (int c = 0; c < dims.splits; ++c)
-      if (max_of(c) != -INFINITY)
-        sum += __ldcg(ranges + c * partial_stride(d) + 2 + ch) * __expf(max_of(c) - total_m);
-    y[ch] = __float2bfloat16(sum * inverse);
+  for (int c = lane; c < dims.splits; c += kWarpSize) total_m = fmaxf(total_m, __ldcg(ranges + c * stride));
+  total_m = warp_max(total_m);
+  float total_l = 0.0f, sum[kPerLane] = {};
+  for (int base = 0; base < dims.splits; base += kWarpSize) {
+    const int c = base + lane;
+    const float range_m = c < dims.splits ? __ldcg(ranges + c * stride) : -INFINITY;
+    // a range with no key of the row (past its last key) holds m = −∞, l = 0: weight 0
+    const float weight = range_m == -INFINITY ? 0.0f : __expf(range_m - total_m);
+    if (weight != 0.0f) total_l += __ldcg(ranges + c * stride + 1) * weight;
+    const int count = min(kWarpSize, dims.splits - base);
+#pragma unroll 4
+    for (int j = 0; j < count; ++j) {
+      const float w = __shfl_sync(0xffffffffu, weight, j);
+      const float* range = ranges + (base + j) * stride + 2;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        const int ch = lane + k * kWarpSize;
+        if (ch < d && w != 0.0f) sum[k] += __ldcg(range + ch) * w;
+      }
+    }
+  }
+  const float inverse = 1.0f / warp_sum(total_l);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int ch = lane + k * kWarpSize;
+    if (ch < d) y[ch] = __float2bfloat16(sum[k] * inverse);
   }
   if (lane == 0) *counter = 0;  // ready for the next call
 }

@@ -249,7 +249,9 @@ struct AttentionRunner::Scratch {
           device.scale_rates = scale_rates.upload(plan.scale_rates, stream);
           device.scale_centre = plan.scale_centre;
         }
-        tabulate_phases(device, ctx, stream);
+        // A decode call's few rows form their phases in the encode kernel (bitwise the table's
+        // entries), which saves a table refill per layer and position; xPos's scales need it.
+        if (position_at == nullptr || device.scale_rates != nullptr) tabulate_phases(device, ctx, stream);
         return device;
       case TransformKind::polar:
         device.kind = QkTransformKind::pope;
