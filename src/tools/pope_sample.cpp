@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "data/regular_file.hpp"
 #include "pope/checkpoint.hpp"
 #include "pope/eval.hpp"
 #include "pope/model.hpp"
@@ -53,16 +53,34 @@ struct Sample {
   std::string stop_reason = "max_new_tokens";
 };
 
+// Far above any context a model here takes, and a bound on an endless input (/dev/zero on stdin).
+constexpr std::size_t kMaxPromptBytes = std::size_t(16) << 20;
+
+std::string read_bounded(std::istream& in, const std::string& flag, const std::string& source) {
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, std::size_t(in.gcount()));
+    if (text.size() > kMaxPromptBytes)
+      throw pope::ConfigError(flag, fmt::format("the prompt from {} is longer than {} MiB", source, kMaxPromptBytes >> 20));
+  }
+  if (in.bad()) throw pope::ConfigError(flag, fmt::format("cannot read {}", source));
+  return text;
+}
+
 std::string read_prompt(const Options& o) {
   if (o.prompt_given) return o.prompt;
   if (!o.prompt_file.empty()) {
+    // A FIFO or a device would block or never end: refused for what it is.
+    if (const std::string why = pope::why_not_regular_file(o.prompt_file); !why.empty())
+      throw pope::ConfigError("--prompt-file", fmt::format("{}: {}", o.prompt_file, why));
     std::ifstream in(o.prompt_file, std::ios::binary);
     if (!in) throw pope::ConfigError("--prompt-file", fmt::format("cannot read {}", o.prompt_file));
-    return {std::istreambuf_iterator<char>(in), {}};
+    return read_bounded(in, "--prompt-file", o.prompt_file);
   }
   if (::isatty(STDIN_FILENO))
     throw pope::ConfigError("--prompt", "no prompt: give --prompt TEXT or --prompt-file FILE, or pipe it on stdin");
-  return {std::istreambuf_iterator<char>(std::cin), {}};
+  return read_bounded(std::cin, "--prompt", "standard input");
 }
 
 // The earliest end of a stop string in `text` from `from` on (the bytes before it are the

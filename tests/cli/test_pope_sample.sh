@@ -96,6 +96,15 @@ expect_output "empty"
 expect_exit 2 "${S[@]}" --prompt "A" --prompt-file "$SCRATCH/tiny.json"
 expect_exit 2 "${S[@]}" --prompt-file "$SCRATCH/no_such_prompt.txt"
 expect_output "no_such_prompt.txt"
+# Endless or blocking prompt sources are refused, not read forever (each case within 20 s).
+mkfifo "$SCRATCH/prompt_fifo"
+expect_exit 2 timeout 20 "${S[@]}" --prompt-file "$SCRATCH/prompt_fifo"
+expect_output "is a FIFO"
+expect_exit 2 timeout 20 "${S[@]}" --prompt-file /dev/zero
+expect_output "is a character device"
+set +e; timeout 20 "${S[@]}" </dev/zero >"$SCRATCH/out" 2>&1; code=$?; set -e
+[ "$code" -eq 2 ] || { cat "$SCRATCH/out" >&2; fail "a prompt from /dev/zero on stdin exited $code, expected 2"; }
+expect_output "longer than 16 MiB"
 expect_exit 2 "${S[@]}" --prompt "hello world"
 expect_output "outside the model's vocabulary"
 expect_exit 2 "${S[@]}" --prompt "A" --set train.seq_len=64
