@@ -65,8 +65,10 @@ def read_run(spec):
     is_file = os.path.basename(spec) == "metrics.jsonl" and not os.path.isdir(spec)
     path = spec if is_file else os.path.join(spec, "metrics.jsonl")
     run_dir = os.path.dirname(os.path.abspath(path))
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         die(f"{path}: no such file (expected a pope-train run directory or its metrics.jsonl)")
+    if not os.path.isfile(path):  # a FIFO or a device would block or never end
+        die(f"{path}: not a regular file (expected a pope-train run directory or its metrics.jsonl)")
     try:
         with open(path, "rb") as f:
             data = f.read()

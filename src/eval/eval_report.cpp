@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "data/regular_file.hpp"
 #include "pope/eval.hpp"
 
 namespace pope {
@@ -103,6 +104,9 @@ nlohmann::json report_to_json(const EvalReport& report) {
 
 std::vector<EvalCurve> read_curves_csv(const std::filesystem::path& csv_path) {
   const std::string path = csv_path.string();  // unquoted in messages: "FILE line N: …"
+  // A FIFO or a device would block or never end: refused for what it is.
+  if (const std::string why = why_not_regular_file(csv_path); !why.empty())
+    throw DataError(fmt::format("{}: {}", path, why));
   std::ifstream in(csv_path);
   if (!in) throw DataError(fmt::format("cannot read {}", path));
   std::string line;

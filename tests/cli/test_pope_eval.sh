@@ -159,6 +159,9 @@ else
 fi
 expect_exit 2 "$EVAL" --plot-csv "$SCRATCH/sweep.csv"
 expect_output "--plot"
+mkfifo "$SCRATCH/curves_fifo"
+expect_exit 1 timeout 20 "$EVAL" --plot-csv "$SCRATCH/curves_fifo" --plot "$SCRATCH/bad.png"
+expect_output "is a FIFO"
 expect_exit 1 "$EVAL" --plot-csv "$SCRATCH/val.json" --plot "$SCRATCH/bad.png"
 expect_output "val.json line 1"
 
