@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "data/regular_file.hpp"
 #include "pope/checkpoint.hpp"
 
 namespace pope {
@@ -121,6 +122,16 @@ TrainerState checked_resume_state(const std::filesystem::path& step_dir, const s
   return state;
 }
 
+void check_run_records(const std::filesystem::path& run_dir) {
+  for (const char* record : {"config.json", "metrics.jsonl", "train.log"}) {
+    const std::filesystem::path path = run_dir / record;
+    std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) continue;
+    if (const std::string why = why_not_regular_file(path); !why.empty())
+      throw ConfigError("--out", fmt::format("{} {}; a run's records must be regular files", path.string(), why));
+  }
+}
+
 // What creating the run directory and its checkpoints/ would refuse, found without creating anything.
 void check_run_directory(const std::filesystem::path& run_dir) {
   std::error_code ec;
@@ -134,6 +145,7 @@ void check_run_directory(const std::filesystem::path& run_dir) {
     throw ConfigError("--out", fmt::format("cannot {} the run directory {}: {} is not writable",
                                            existing == run_dir ? "write" : "create", run_dir.string(),
                                            existing.string()));
+  check_run_records(run_dir);
   check_checkpoint_directory(run_dir);
 }
 

@@ -43,6 +43,10 @@ std::optional<RunConfig> saved_run_config(const std::filesystem::path& checkpoin
 TrainerState checked_resume_state(const std::filesystem::path& step_dir, const std::optional<RunConfig>& saved,
                                   const RunConfig& config);
 
+// The run's records (config.json, metrics.jsonl, train.log) are regular files where they exist: a
+// FIFO there would block the trainer in open(), where a signal cannot stop it.
+void check_run_records(const std::filesystem::path& run_dir);
+
 // What creating the run directory and its checkpoints/ would refuse, found without creating anything.
 void check_run_directory(const std::filesystem::path& run_dir);
 

@@ -94,6 +94,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   }
 
   // Decide what to resume from before writing anything in the run directory.
+  check_run_records(run_dir_);
   const std::optional<std::filesystem::path> resume_from = resume_source(run_dir_, options_.resume);
 
   // Rank 0 writes the run log; the other ranks print warnings and errors only, tagged with

@@ -15,6 +15,7 @@
 #include <optional>
 #include <sstream>
 
+#include "data/regular_file.hpp"
 #include "pope/corpus.hpp"
 #include "pope/data.hpp"
 #include "pope/tokenizer.hpp"
@@ -44,6 +45,8 @@ void print_summary(const TokenizeSummary& s, const fs::path& out_dir) {
 }
 
 std::string read_text_file(const std::string& path) {
+  // A FIFO or a device would block or never end: refused for what it is.
+  if (const std::string why = pope::why_not_regular_file(path); !why.empty()) throw pope::DataError(path + ": " + why);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open");
   std::ostringstream buffer;

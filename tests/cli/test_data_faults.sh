@@ -78,6 +78,21 @@ expect_exit 1 train_on "$SCRATCH/loop1"
 expect_output "loop1\" is a symbolic link loop"
 expect_exit 1 timeout 20 "$DATA" tokenize -i "$SCRATCH/fifo.bin" -o "$SCRATCH/from_fifo" -q
 expect_output "fifo.bin: is a FIFO (named pipe)"
+expect_exit 1 timeout 20 "$DATA" encode --file "$SCRATCH/fifo.bin"
+expect_output "fifo.bin: is a FIFO (named pipe)"
+# A run's record as a FIFO (it would block the trainer in open(), past any signal): refused at
+# start, by --dry-run too. timeout -s KILL: the blocked trainer would ignore SIGTERM.
+make_tokens "$SCRATCH/small.bin" 4000 1
+train_on "$SCRATCH/small.bin" >/dev/null 2>&1 || fail "the one-step run failed"
+for record in metrics.jsonl train.log; do
+  rm -f "$SCRATCH/run/$record" && mkfifo "$SCRATCH/run/$record"
+  for dry in "" --dry-run; do
+    expect_exit 2 timeout -s KILL 20 "$TRAIN" --config "$SCRATCH/gpt2.json" --set data.train="$SCRATCH/small.bin" \
+      --out "$SCRATCH/run" --resume auto $dry
+    expect_output "run/$record is a FIFO (named pipe), not a regular file"
+  done
+  rm "$SCRATCH/run/$record"
+done
 
 # --- adversarial text: one 13 MB "word" is BPE-merged in 64 KiB parts, so memory stays near the
 # text's size (merged whole it took ~50 bytes per byte: 650 MB here, 4.9 GB for 100 MB) ---
