@@ -14,6 +14,7 @@
 
 #include "checkpoint/atomic_file.hpp"
 #include "config/bounded_json.hpp"
+#include "data/regular_file.hpp"
 #include "pope/checkpoint.hpp"
 
 namespace pope {
@@ -438,17 +439,17 @@ CheckpointLocation locate_checkpoint(const fs::path& path) {
     if (!step.has_filename()) step = step.parent_path();  // "…/step_N/" names the same directory
     paths.config_file = step.parent_path().parent_path() / "config.json";
   }
-  if (!fs::is_regular_file(paths.config_file))
-    throw CheckpointError(fmt::format("checkpoint {}: the run's config {} is missing (expected a run directory or "
+  if (const std::string why = why_not_regular_file(paths.config_file); !why.empty())
+    throw CheckpointError(fmt::format("checkpoint {}: the run's config {} {} (expected a run directory or "
                                       "<run>/checkpoints/step_N with <run>/config.json)",
-                                      path, paths.config_file));
+                                      path, paths.config_file, why));
   return paths;
 }
 
 TrainerState read_trainer_state(const fs::path& step_dir) {
   const fs::path trainer_file = step_dir / kTrainerFile;
-  if (!fs::is_regular_file(trainer_file))
-    throw CheckpointError(fmt::format("checkpoint {} is incomplete: missing {}", step_dir, kTrainerFile));
+  if (const std::string why = why_not_regular_file(trainer_file); !why.empty())
+    throw CheckpointError(fmt::format("checkpoint {} is incomplete: {} {}", step_dir, kTrainerFile, why));
   nlohmann::json state_json;
   try {
     state_json = parse_json(read_text_file(trainer_file));
@@ -469,11 +470,11 @@ CheckpointData load_checkpoint(const fs::path& path, const ParameterLayout& layo
 
   std::vector<std::string> required{kModelFile};
   if (!weights_only) required.push_back(kTrainerFile);
-  std::vector<std::string> missing;
+  std::vector<std::string> missing;  // "FILE does not exist", "FILE is a FIFO (named pipe), not a regular file", …
   for (const auto& file : required)
-    if (!fs::is_regular_file(step_dir / file)) missing.push_back(file);
+    if (const std::string why = why_not_regular_file(step_dir / file); !why.empty()) missing.push_back(file + " " + why);
   if (!missing.empty())
-    throw CheckpointError(fmt::format("checkpoint {} is incomplete: missing {}", step_dir, fmt::join(missing, ", ")));
+    throw CheckpointError(fmt::format("checkpoint {} is incomplete: {}", step_dir, fmt::join(missing, "; ")));
 
   CheckpointData data;
   const fs::path model_file = step_dir / kModelFile;

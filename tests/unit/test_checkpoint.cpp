@@ -301,10 +301,17 @@ TEST(Checkpoint, WeightsOnlyNeedsNothingButTheModel) {
 
   std::filesystem::remove(dir / "trainer.json");
   const auto message = thrown_message<CheckpointError>([&] { load_checkpoint(dir, layout); });
-  EXPECT_NE(message.find("missing trainer.json"), std::string::npos) << message;
+  EXPECT_NE(message.find("incomplete: trainer.json does not exist"), std::string::npos) << message;
   const auto weights = load_checkpoint(dir, layout, /*weights_only=*/true);
   EXPECT_EQ(weights.params, saved.params);
   EXPECT_EQ(weights.state.step, 0);
+
+  // A FIFO in its place is named for what it is, and never opened (it would block).
+  ASSERT_EQ(::mkfifo((dir / "trainer.json").c_str(), 0600), 0) << std::strerror(errno);
+  const auto fifo = thrown_message<CheckpointError>([&] { load_checkpoint(dir, layout); });
+  EXPECT_NE(fifo.find("trainer.json is a FIFO (named pipe)"), std::string::npos) << fifo;
+  const auto state = thrown_message<CheckpointError>([&] { read_trainer_state(dir); });
+  EXPECT_NE(state.find("trainer.json is a FIFO (named pipe)"), std::string::npos) << state;
 }
 
 TEST(Checkpoint, KeepsTheNewestAndReplacesAReSavedStep) {
