@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "data/regular_file.hpp"
 #include "pope/checkpoint.hpp"
 
 namespace pope {
@@ -55,16 +56,6 @@ void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::
 void write_and_sync(const std::filesystem::path& path, int fd, std::span<const std::span<const std::byte>> pieces) {
   for (const auto& piece : pieces) write_all(fd, piece, path);
   if (::fsync(fd) != 0) throw AtomicWriteError(fmt::format("cannot fsync {}: {}", path, errno_text()));
-}
-
-// What a non-regular file is, for the message refusing to replace it.
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
 }
 
 // The path whose file the write replaces: `path` with every symlink followed (a relative

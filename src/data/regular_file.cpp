@@ -14,22 +14,19 @@
 
 namespace pope {
 
-namespace {
-
-std::string kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) return "is a directory, not a regular file";
-  if (S_ISFIFO(mode)) return "is a FIFO (named pipe), not a regular file";
-  if (S_ISCHR(mode)) return "is a character device, not a regular file";
-  if (S_ISBLK(mode)) return "is a block device, not a regular file";
-  if (S_ISSOCK(mode)) return "is a socket, not a regular file";
-  return "is not a regular file";
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
 }
-
-}  // namespace
 
 std::string why_not_regular_file(const std::filesystem::path& path) {
   struct stat info {};
-  if (::stat(path.c_str(), &info) == 0) return S_ISREG(info.st_mode) ? std::string() : kind_of(info.st_mode);
+  if (::stat(path.c_str(), &info) == 0)
+    return S_ISREG(info.st_mode) ? std::string() : fmt::format("is {}, not a regular file", file_kind(info.st_mode));
   const int error = errno;
   switch (error) {
     case ELOOP: return "is a symbolic link loop (or more than 40 links deep)";

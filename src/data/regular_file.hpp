@@ -2,10 +2,16 @@
 // symbolic-link loop is refused with what it is, before open() could block or read forever.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
 #include <string>
 
 namespace pope {
+
+// What a non-regular file of this st_mode is: "a directory", "a FIFO (named pipe)", "a character
+// device", "a block device", "a socket", else "a special file".
+const char* file_kind(mode_t mode);
 
 // Why `path` is not a readable regular file ("does not exist", "is a FIFO (named pipe), not a
 // regular file", "is a symbolic link loop", …), or "" when it is one.
