@@ -12,6 +12,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin   # mpirun launches data-parallel ranks (NCCL comes with the CUDA toolkit)
   python3 python3-numpy
   gnuplot-nox     # pope-eval --plot, scripts/plot_lengths.sh and scripts/plot_accuracy.sh
+  time            # /usr/bin/time -v: the fault tests' memory bound on adversarial text
   python3-torch   # CPU PyTorch 1.13: the independent oracle (scripts/reference/torch_gpt.py) in the CLI tests
 )
 # Node.js and npm (tokenizer oracle, npm registry downloads): any installation will do, e.g. a
