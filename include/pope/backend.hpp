@@ -273,6 +273,12 @@ class Backend {
   virtual void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size,
                              bool compute_grad, double grad_scale) = 0;
 
+  // Greedy decoding's choice, left in backend memory: for each row r of logits [rows, Vp] (the
+  // forward-only logits dtype, at least fp32), ids[r] (i32) = the first of the largest of its
+  // first vocab_size columns, log_probs[r] (statistic dtype) = that column's log-softmax over
+  // those columns. A row holding a non-finite logit gets id 0 and log-probability NaN.
+  virtual void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size) = 0;
+
   // Σ x² over a tensor (host value), for the global gradient norm.
   virtual double sum_of_squares(Tensor x) = 0;
   // The same sum left in device memory: result (one f64 element) = Σ x².

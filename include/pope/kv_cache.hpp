@@ -21,7 +21,10 @@ class KvCache {
   int capacity() const { return capacity_; }
   int length() const { return length_; }  // positions cached, the same for every sequence
   // Forgets the cached positions (the storage is kept and overwritten).
-  void clear() { length_ = 0; }
+  void clear() {
+    length_ = 0;
+    greedy_fed_ = false;
+  }
   // Whether one-token decode steps are recorded and replayed on backends that record work
   // (a CUDA graph; the default). Off, every step is queued eagerly: the same numbers, slower.
   void set_record_steps(bool on) { record_steps_ = on; }
@@ -29,10 +32,12 @@ class KvCache {
  private:
   friend class Model;
   struct Buffers;
+  struct GreedySlot;
   KvCache(int batch, int capacity);
 
   int batch_ = 0, capacity_ = 0, length_ = 0;
   bool record_steps_ = true;
+  bool greedy_fed_ = false;  // the next call's tokens are in backend memory, chosen by Model::queue_greedy
   std::vector<OwnedTensor> keys_, values_, raw_keys_;  // per layer; raw_keys_ only where re-encoded
   std::unique_ptr<Buffers> buffers_;                   // sized for the largest call so far
 };

@@ -131,6 +131,20 @@ class Model {
   std::unique_ptr<KvCache> make_kv_cache(int batch, int capacity);
   std::vector<float> decode(KvCache& cache, std::span<const std::int32_t> tokens, int n, bool all_rows = false);
 
+  // Greedy decoding with the chosen tokens kept in backend memory, so that the next step can be
+  // queued before the host has read this one's. queue_greedy(cache, tokens, n) queues a decode
+  // call as decode() does, then the choice of each sequence's most likely next token
+  // (Backend::greedy_tokens); queue_greedy(cache) queues a one-token step over the tokens the
+  // last greedy call chose. read_greedy waits for the oldest queued call and returns its
+  // choice. At most two calls are queued unread; decode() and the form with tokens need none.
+  struct GreedyChoice {
+    std::vector<std::int32_t> ids;     // [batch]
+    std::vector<double> log_probs;     // the model's log-probability of each (fp32 on the GPU)
+  };
+  void queue_greedy(KvCache& cache, std::span<const std::int32_t> tokens, int n);
+  void queue_greedy(KvCache& cache);
+  GreedyChoice read_greedy(KvCache& cache);
+
   // Changes whenever the activation buffers are reallocated (a call with another B or T), so
   // that recorded work which holds their addresses knows it must be recorded again.
   std::uint64_t activation_generation() const { return activation_generation_; }
@@ -146,6 +160,9 @@ class Model {
   void reserve_decode(KvCache& cache, std::int64_t rows);
   void reserve_decode_logits(KvCache& cache, std::int64_t rows);
   void queue_decode(KvCache& cache, int n, bool all_rows);
+  void check_decode(const KvCache& cache, std::size_t tokens, int n) const;
+  void run_decode(KvCache& cache, int n, bool all_rows);
+  void queue_choice(KvCache& cache);
   // One layer's forward over the tensors of `t`; `attention` computes t.attn from t.qkv given the
   // layer's position parameters (the full forward's or the decode's attention).
   struct LayerTensors;

@@ -43,9 +43,15 @@ class TokenSampler {
 
 struct GeneratedToken {
   std::int32_t id = 0;
-  // The step's fp32 logits over the vocabulary, valid during the callback: token_log_probability(
-  // logits, id) is the model's log-probability of the token (computed only by callers that want it).
+  // The step's fp32 logits over the vocabulary where they were read back (sampling), valid
+  // during the callback; empty where the backend chose the token (greedy).
   std::span<const float> logits;
+  double chosen_log_probability = 0.0;  // greedy: the backend's log-probability of the token
+  // The model's log-probability of the token, before temperature and truncation (computed from
+  // the logits on demand when sampling).
+  double log_probability() const {
+    return logits.empty() ? chosen_log_probability : token_log_probability(logits, id);
+  }
 };
 
 struct GenerationStats {
@@ -54,7 +60,9 @@ struct GenerationStats {
 };
 
 // Generates up to max_new_tokens tokens after `prompt` for `sequences` sequences at once (one
-// cache of that batch): sequence i samples with TokenSampler(options, seed + i). on_token is
+// cache of that batch): sequence i samples with TokenSampler(options, seed + i); greedy
+// decoding (temperature 0) chooses on the backend instead (Model::queue_greedy), one step
+// queued ahead, so that a sequence that stops costs one step that is not read. on_token is
 // called for every new token of every sequence still running, in order, and returns false to
 // end that sequence (a stop string, the end-of-text token); the loop ends when none runs. The
 // cache holds prompt + max_new_tokens positions: Model::make_kv_cache's refusals apply.

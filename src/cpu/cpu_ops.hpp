@@ -44,6 +44,9 @@ template <class Real>
 void cross_entropy(int threads, Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
                    double grad_scale);
 
+// cpu_greedy_tokens.cpp
+template <class Real> void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int vocab_size);
+
 // cpu_optimizer.cpp
 template <class Real> double sum_of_squares(int threads, Tensor x);
 template <class Real> void sum_of_squares_into(int threads, Tensor result, Tensor x);

@@ -18,6 +18,7 @@
 #include "adamw.cuh"
 #include "convert.cuh"
 #include "cross_entropy.cuh"
+#include "greedy_tokens.cuh"
 #include "cuda/cublaslt_matmul.hpp"
 #include "cuda/cuda_attention.hpp"
 #include "cuda/cuda_check.hpp"
@@ -511,6 +512,20 @@ class CudaBackend final : public Backend {
                                     vocab_size, compute_grad, float(grad_scale), device_error_, stream_);
     };
     launched(f32_logits ? launch(logits.as<float>()) : launch(bf16_data(logits)), op);
+  }
+
+  void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size) override {
+    constexpr std::string_view op = "greedy_tokens";
+    check_2d(op, "logits", logits, DType::f32);
+    const std::int64_t rows = logits.dim(0), padded = logits.dim(1);
+    require(vocab_size > 0 && vocab_size <= padded, op,
+            fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
+    check_vector(op, "ids", ids, DType::i32, rows);
+    check_vector(op, "log_probs", log_probs, DType::f32, rows);
+    check_sizes(op, {rows, padded});
+    launched(kernels::greedy_tokens(ids.as<std::int32_t>(), log_probs.as<float>(), logits.as<float>(), int(rows),
+                                    int(padded), vocab_size, stream_),
+             op);
   }
 
   double sum_of_squares(Tensor x) override {

@@ -1,9 +1,12 @@
-// Incremental decoding (Model::make_kv_cache, Model::decode): the layers of the full forward over
-// the new rows only, their attention reading the keys and values of the earlier rows from the
-// cache (Backend::attention_decode).
+// Incremental decoding (Model::make_kv_cache, Model::decode, Model::queue_greedy): the layers of
+// the full forward over the new rows only, their attention reading the keys and values of the
+// earlier rows from the cache (Backend::attention_decode).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "model/forward_logits.hpp"
@@ -11,6 +14,13 @@
 #include "pope/model.hpp"
 
 namespace pope {
+
+// A greedy call's host slot: the cached length its step starts from, then the ids and
+// log-probabilities copied back.
+struct KvCache::GreedySlot {
+  Buffer host;  // page-locked: i32 past, i32 ids [B], log-probabilities [B] (statistic dtype)
+  std::unique_ptr<Fence> copied;
+};
 
 // A decode call's activations for up to `rows` = batch × new rows: one set shared by every layer
 // (nothing is kept for a backward), the residual stream in two buffers (a layer writes its output
@@ -22,6 +32,9 @@ struct KvCache::Buffers {
       logits;
   Buffer host_logits;  // page-locked copy of `logits`
   std::unique_ptr<Fence> logits_copied;
+  OwnedTensor log_probs;  // [batch]: the last greedy choice's log-probabilities
+  std::array<GreedySlot, 2> greedy;  // host slots of the greedy calls queued, used in turn
+  long greedy_queued = 0, greedy_read = 0;
   std::unique_ptr<GraphCapture> step;  // a one-token step of every sequence, replayed at each position
   std::uint64_t step_scratch = 0;      // Backend::scratch_generation() it holds
   bool warm = false;                   // an eager one-token step ran with...
@@ -119,31 +132,27 @@ void Model::queue_decode(KvCache& cache, int n, bool all_rows) {
   }
 }
 
-std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> tokens, int n, bool all_rows) {
+void Model::check_decode(const KvCache& cache, std::size_t tokens, int n) const {
   const int B = cache.batch();
-  if (n <= 0 || tokens.size() != std::size_t(B) * std::size_t(n))
+  if (n <= 0 || tokens != std::size_t(B) * std::size_t(n))
     throw std::invalid_argument(fmt::format("decode: {} tokens for {} sequences × {} new rows (expected {} > 0)",
-                                            tokens.size(), B, n, std::int64_t(B) * n));
+                                            tokens, B, n, std::int64_t(B) * n));
   if (cache.length() + n > cache.capacity())
     throw std::invalid_argument(fmt::format("decode: {} cached + {} new positions exceed the cache's {}",
                                             cache.length(), n, cache.capacity()));
   if (cache.keys_.size() != std::size_t(config_.n_layer))
     throw std::invalid_argument("decode: the cache was made for another model");
-  check_tokens(tokens, {}, config_.vocab_size);
+  if (cache.buffers_ && cache.buffers_->greedy_queued != cache.buffers_->greedy_read)
+    throw std::invalid_argument("decode: greedy choices are queued unread; read them first (Model::read_greedy)");
+}
 
-  const std::int64_t N = std::int64_t(B) * n;
-  const std::int64_t out_rows = all_rows ? N : B;
-  reserve_decode(cache, N);
-  reserve_decode_logits(cache, out_rows);
+// Queues the decode call of n rows per sequence whose inputs (the cached length, then the
+// tokens) are in b.inputs: a one-token step runs eagerly once (it reserves the scratch it
+// needs), is then recorded and replayed at every later position while the backend's scratch
+// stays as recorded.
+void Model::run_decode(KvCache& cache, int n, bool all_rows) {
   KvCache::Buffers& b = *cache.buffers_;
   Backend& be = backend_;
-  std::vector<std::int32_t> inputs(std::size_t(1 + N));
-  inputs[0] = cache.length();
-  std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
-  be.copy_from_host(b.inputs.tensor.rows(0, 1 + N), inputs.data());
-
-  // A one-token step runs eagerly once (it reserves the scratch it needs), is then recorded and
-  // replayed at every later position while the backend's scratch stays as recorded.
   const bool step = n == 1 && !all_rows && cache.record_steps_ && be.supports_graphs();
   const std::uint64_t scratch = be.scratch_generation();
   if (step && b.step && b.step_scratch == scratch) {
@@ -162,6 +171,24 @@ std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> t
     b.warm_scratch = be.scratch_generation();
   }
   cache.length_ += n;
+}
+
+std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> tokens, int n, bool all_rows) {
+  check_decode(cache, tokens.size(), n);
+  check_tokens(tokens, {}, config_.vocab_size);
+  const int B = cache.batch();
+  const std::int64_t N = std::int64_t(B) * n;
+  const std::int64_t out_rows = all_rows ? N : B;
+  reserve_decode(cache, N);
+  reserve_decode_logits(cache, out_rows);
+  KvCache::Buffers& b = *cache.buffers_;
+  Backend& be = backend_;
+  std::vector<std::int32_t> inputs(std::size_t(1 + N));
+  inputs[0] = cache.length();
+  std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
+  be.copy_from_host(b.inputs.tensor.rows(0, 1 + N), inputs.data());
+  run_decode(cache, n, all_rows);
+  cache.greedy_fed_ = false;
 
   // Logits of every new row, or of each sequence's last one (row b·n + n − 1).
   const Tensor logits = b.logits.tensor.rows(0, out_rows);
@@ -180,6 +207,93 @@ std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> t
     trim(tensor_to_host_f32(be, logits).data());
   }
   return out;
+}
+
+// Chooses each sequence's next token from the call's logits into b.inputs (the next step's
+// tokens) and queues their copy to the next host slot.
+void Model::queue_choice(KvCache& cache) {
+  KvCache::Buffers& b = *cache.buffers_;
+  Backend& be = backend_;
+  const int B = cache.batch();
+  const Tensor ids = b.inputs.tensor.rows(1, 1 + B);
+  be.greedy_tokens(ids, b.log_probs.tensor, b.logits.tensor.rows(0, B), config_.vocab_size);
+  KvCache::GreedySlot& slot = b.greedy[std::size_t(b.greedy_queued % 2)];
+  auto* host = static_cast<std::byte*>(slot.host.get());
+  be.copy_to_host_async(host + sizeof(std::int32_t), ids);
+  be.copy_to_host_async(host + sizeof(std::int32_t) * std::size_t(1 + B), b.log_probs.tensor);
+  slot.copied->record();
+  ++b.greedy_queued;
+  cache.greedy_fed_ = true;
+}
+
+void Model::queue_greedy(KvCache& cache, std::span<const std::int32_t> tokens, int n) {
+  check_decode(cache, tokens.size(), n);
+  check_tokens(tokens, {}, config_.vocab_size);
+  const int B = cache.batch();
+  const std::int64_t N = std::int64_t(B) * n;
+  reserve_decode(cache, N);
+  reserve_decode_logits(cache, B);
+  KvCache::Buffers& b = *cache.buffers_;
+  if (b.log_probs.tensor.empty()) {
+    const DType stat = backend_.dtypes().statistic;
+    b.log_probs = allocate_tensor(backend_, {B}, stat);
+    const std::size_t bytes = sizeof(std::int32_t) * std::size_t(1 + B) + dtype_size(stat) * std::size_t(B);
+    for (KvCache::GreedySlot& slot : b.greedy) {
+      slot.host = backend_.allocate_host(bytes);
+      slot.copied = backend_.make_fence();
+    }
+  }
+  std::vector<std::int32_t> inputs(std::size_t(1 + N));
+  inputs[0] = cache.length();
+  std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
+  backend_.copy_from_host(b.inputs.tensor.rows(0, 1 + N), inputs.data());
+  run_decode(cache, n, false);
+  queue_choice(cache);
+}
+
+void Model::queue_greedy(KvCache& cache) {
+  if (!cache.greedy_fed_)
+    throw std::invalid_argument("queue_greedy: no greedy call chose this cache's next tokens; start with the prompt");
+  KvCache::Buffers& b = *cache.buffers_;
+  if (b.greedy_queued - b.greedy_read >= 2)
+    throw std::invalid_argument("queue_greedy: two greedy calls are queued unread; read one first");
+  if (cache.length() + 1 > cache.capacity())
+    throw std::invalid_argument(fmt::format("decode: {} cached + 1 new position exceed the cache's {}",
+                                            cache.length(), cache.capacity()));
+  // The cached length reaches the step through this call's slot, free since its last call was read.
+  KvCache::GreedySlot& slot = b.greedy[std::size_t(b.greedy_queued % 2)];
+  *static_cast<std::int32_t*>(slot.host.get()) = cache.length();
+  backend_.copy_from_host_async(b.inputs.tensor.rows(0, 1), slot.host.get());
+  run_decode(cache, 1, false);
+  queue_choice(cache);
+}
+
+Model::GreedyChoice Model::read_greedy(KvCache& cache) {
+  if (!cache.buffers_ || cache.buffers_->greedy_read == cache.buffers_->greedy_queued)
+    throw std::invalid_argument("read_greedy: no greedy call is queued");
+  KvCache::Buffers& b = *cache.buffers_;
+  KvCache::GreedySlot& slot = b.greedy[std::size_t(b.greedy_read % 2)];
+  slot.copied->wait();
+  ++b.greedy_read;
+  const std::size_t B = std::size_t(cache.batch());
+  const auto* host = static_cast<const std::byte*>(slot.host.get());
+  GreedyChoice choice;
+  choice.ids.resize(B);
+  std::memcpy(choice.ids.data(), host + sizeof(std::int32_t), B * sizeof(std::int32_t));
+  const std::byte* log_probs = host + sizeof(std::int32_t) * (1 + B);
+  choice.log_probs.resize(B);
+  for (std::size_t s = 0; s < B; ++s) {
+    if (b.log_probs.tensor.dtype == DType::f64) {
+      std::memcpy(&choice.log_probs[s], log_probs + s * sizeof(double), sizeof(double));
+    } else {
+      float value;
+      std::memcpy(&value, log_probs + s * sizeof(float), sizeof(float));
+      choice.log_probs[s] = value;
+    }
+    if (!std::isfinite(choice.log_probs[s]))
+      throw std::runtime_error(fmt::format("greedy decoding: sequence {} has a non-finite logit", s));
+  }
+  return choice;
 }
 
 }  // namespace pope

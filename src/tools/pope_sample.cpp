@@ -181,7 +181,7 @@ int run(const Options& o) {
           const std::size_t before = sample.text.size();
           sample.text += tokenizer.token_bytes(std::uint16_t(token.id));
           sample.tokens.push_back(token.id);
-          sample.log_probabilities.push_back(pope::token_log_probability(token.logits, token.id));
+          sample.log_probabilities.push_back(token.log_probability());
           const std::size_t stop = stop_position(sample.text, o.stops, before);
           if (stop != std::string::npos) {
             sample.text.resize(stop);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "cuda/cuda_device.hpp"
@@ -114,6 +115,42 @@ TEST_P(CudaDecode, GreedyDecodingRepeatsBitwise) {
   const std::vector<std::int32_t> first = run();
   EXPECT_EQ(first.size(), 40u);
   EXPECT_EQ(run(), first);
+}
+
+// Greedy choices made on the GPU, each step queued one ahead of the host (Model::queue_greedy),
+// give the tokens that the host's argmax of the same model's decode() logits gives; their
+// log-probabilities agree with the host's log-softmax within fp32 rounding.
+TEST_P(CudaDecode, GreedyOnTheGpuEqualsTheHostArgmax) {
+  const ModelConfig config = decode_model(GetParam());
+  auto gpu = make_backend(DeviceChoice::cuda);
+  Model model(config, *gpu);
+  model.initialize(41);
+  model.parameters_from_host(perturbed_weights(model, 43));
+  const int prompt = 7, steps = 25;
+  std::vector<std::int32_t> input(std::size_t(kBatch) * prompt);
+  for (std::size_t i = 0; i < input.size(); ++i) input[i] = std::int32_t(3 + 7 * i % 400);
+
+  auto host_cache = model.make_kv_cache(kBatch, prompt + steps);
+  std::vector<float> logits = model.decode(*host_cache, input, prompt);
+  auto cache = model.make_kv_cache(kBatch, prompt + steps);
+  model.queue_greedy(*cache, input, prompt);
+  const std::size_t V = std::size_t(config.vocab_size);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::int32_t> want(kBatch);
+    std::vector<double> want_log_probs(kBatch);
+    for (std::size_t b = 0; b < std::size_t(kBatch); ++b) {
+      const std::span<const float> row(logits.data() + b * V, V);
+      want[b] = std::int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+      want_log_probs[b] = token_log_probability(row, want[b]);
+    }
+    model.queue_greedy(*cache);
+    const Model::GreedyChoice got = model.read_greedy(*cache);
+    ASSERT_EQ(got.ids, want) << GetParam() << " step " << s;
+    for (std::size_t b = 0; b < std::size_t(kBatch); ++b)
+      EXPECT_NEAR(got.log_probs[b], want_log_probs[b], 1e-4) << GetParam() << " step " << s;
+    logits = model.decode(*host_cache, want, 1);
+  }
+  model.read_greedy(*cache);
 }
 
 // Recorded one-token steps (a CUDA graph replayed at each position) give the eager steps' logits

@@ -5,8 +5,10 @@
 // and errors for bad arguments. Reports SKIPPED on machines without a GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -402,7 +404,9 @@ class CudaFewRowsMatmul : public CudaMatmulEpilogue {
     EXPECT_LT(error_of(out), kBf16Tolerance);
     EXPECT_LT(error_of(norm), kBf16Tolerance);
     EXPECT_LT(error_of(rstd), 1e-5);
-    if (gelu) EXPECT_LT(error_of(aux), kBf16Tolerance);
+    if (gelu) {
+      EXPECT_LT(error_of(aux), kBf16Tolerance);
+    }
 
     OwnedTensor norm2 = allocate_tensor(*gpu_, {rows, k}, DType::bf16), rstd2 = allocate_tensor(*gpu_, {rows}, DType::f32);
     OwnedTensor out2 = allocate_tensor(*gpu_, {rows, n}, DType::bf16), aux2 = allocate_tensor(*gpu_, {rows, n}, DType::bf16);
@@ -547,6 +551,42 @@ TEST_F(CudaCrossEntropy, PaddedVocabularyAndMaskedTargets) {
   expect_matches_cpu(33, 1000, 1024, false);
   expect_matches_cpu(33, 1000, 1024, true);
   expect_matches_cpu(5, 37, 37, true);  // no padding, a width below the block size
+}
+
+// The GPU's greedy choice against the CPU's over fp32 logits with padding that would win, a tie
+// (the lower column), a row with a NaN and one with every logit equal.
+TEST_F(CudaOps, GreedyTokensMatchTheCpu) {
+  for (const auto [rows, vocab, padded] : {std::array{6, 50257, 50304}, std::array{3, 37, 40}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows << " vocab " << vocab);
+    std::vector<float> values = random_bf16_values(std::size_t(rows) * padded, 31, 3.0f);
+    for (int n = 0; n < rows; ++n)
+      for (int j = vocab; j < padded; ++j) values[std::size_t(n) * padded + j] = 100.0f;
+    values[std::size_t(padded) + 5] = values[std::size_t(padded) + vocab - 2] = 20.0f;
+    values[std::size_t(2) * padded + 11] = std::numeric_limits<float>::quiet_NaN();
+    if (rows > 3) std::fill_n(values.begin() + std::ptrdiff_t(3 * padded), vocab, 0.5f);
+    Pair logits = pair({rows, padded}, DType::f32, values);
+    Pair chosen = ids(std::vector<std::int32_t>(std::size_t(rows), -1));
+    Pair log_probs = pair({rows}, DType::f32, std::vector<float>(std::size_t(rows), 0.0f));
+    gpu_->greedy_tokens(chosen.gpu.tensor, log_probs.gpu.tensor, logits.gpu.tensor, vocab);
+    cpu_->greedy_tokens(chosen.cpu.tensor, log_probs.cpu.tensor, logits.cpu.tensor, vocab);
+    std::vector<std::int32_t> gpu_ids(std::size_t(rows), 0), cpu_ids(std::size_t(rows), 0);
+    gpu_->copy_to_host(gpu_ids.data(), chosen.gpu.tensor);
+    cpu_->copy_to_host(cpu_ids.data(), chosen.cpu.tensor);
+    EXPECT_EQ(gpu_ids, cpu_ids);
+    EXPECT_EQ(gpu_ids[1], 5);
+    EXPECT_EQ(gpu_ids[2], 0);
+    if (rows > 3) {
+      EXPECT_EQ(gpu_ids[3], 0);
+    }
+    const std::vector<double> got = download(*gpu_, log_probs.gpu.tensor), want = download(*cpu_, log_probs.cpu.tensor);
+    for (int n = 0; n < rows; ++n) {
+      if (n == 2) {
+        EXPECT_TRUE(std::isnan(got[2]) && std::isnan(want[2]));
+        continue;
+      }
+      EXPECT_NEAR(got[std::size_t(n)], want[std::size_t(n)], 1e-5) << "row " << n;
+    }
+  }
 }
 
 TEST_F(CudaCrossEntropy, Gpt2Vocabulary) { expect_matches_cpu(6, 50257, 50304, true); }

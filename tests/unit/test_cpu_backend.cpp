@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cpu/cpu_backend.hpp"
 #include "cpu_gradient_check.hpp"
@@ -319,6 +320,34 @@ TEST(CpuBackend, CrossEntropyLossMaskingPaddingAndGradient) {
   targets[2] = 0;
   EXPECT_THROW(backend->cross_entropy(host_tensor(losses, {rows}), host_tensor(work, {rows, padded}),
                                       host_tensor(targets, {rows}), padded + 1, false, 1.0),
+               std::invalid_argument);
+}
+
+TEST(CpuBackend, GreedyTokensTakeTheFirstOfTheLargestRealColumn) {
+  auto backend = double_backend();
+  const int rows = 4, vocab = 5, padded = 8;
+  std::vector<double> logits = random_values(rows * padded, 17, 2.0);
+  for (int n = 0; n < rows; ++n)
+    for (int j = vocab; j < padded; ++j) logits[n * padded + j] = 50.0;  // padding: never chosen
+  logits[1 * padded + 1] = logits[1 * padded + 3] = 9.0;                // a tie: the lower column
+  logits[2 * padded + 4] = std::numeric_limits<double>::infinity();    // refused: id 0, NaN
+  std::vector<std::int32_t> ids(rows, -7);
+  std::vector<double> log_probs(rows);
+  backend->greedy_tokens(host_tensor(ids, {rows}), host_tensor(log_probs, {rows}), host_tensor(logits, {rows, padded}),
+                         vocab);
+  for (int n : {0, 1, 3}) {
+    const double* z = logits.data() + n * padded;
+    const int want = int(std::max_element(z, z + vocab) - z);
+    EXPECT_EQ(ids[n], want) << "row " << n;
+    double normaliser = 0;
+    for (int j = 0; j < vocab; ++j) normaliser += std::exp(z[j]);
+    EXPECT_NEAR(log_probs[n], z[want] - std::log(normaliser), 1e-12) << "row " << n;
+  }
+  EXPECT_EQ(ids[1], 1);
+  EXPECT_EQ(ids[2], 0);
+  EXPECT_TRUE(std::isnan(log_probs[2]));
+  EXPECT_THROW(backend->greedy_tokens(host_tensor(ids, {rows}), host_tensor(log_probs, {rows}),
+                                      host_tensor(logits, {rows, padded}), padded + 1),
                std::invalid_argument);
 }
 

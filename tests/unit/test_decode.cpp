@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "model_shape.hpp"
@@ -146,6 +147,67 @@ TEST(Decode, RefusesCallsTheCacheCannotHold) {
   cache->clear();
   EXPECT_NO_THROW(model.decode(*cache, std::vector<std::int32_t>{1}, 1));
   EXPECT_THROW(model.make_kv_cache(0, 4), std::invalid_argument);
+}
+
+// Greedy choices kept on the backend (Model::queue_greedy, one step queued ahead) give the
+// tokens and log-probabilities that decode()'s host logits give, for a batch of sequences.
+TEST(Decode, GreedyOnTheBackendEqualsTheHostArgmax) {
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
+  Model model(decode_model("pope", 32), *backend);
+  model.initialize(3);
+  perturb(model, 4);
+  const int prompt_length = 5, steps = 9;
+  const std::vector<std::int32_t> prompt = random_tokens(kBatch * prompt_length, 61, 5);
+
+  auto host_cache = model.make_kv_cache(kBatch, prompt_length + steps);
+  std::vector<std::vector<std::int32_t>> want_ids;
+  std::vector<std::vector<double>> want_log_probs;
+  std::vector<float> logits = model.decode(*host_cache, prompt, prompt_length);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::int32_t> ids;
+    std::vector<double> log_probs;
+    for (int b = 0; b < kBatch; ++b) {
+      const std::span<const float> row(logits.data() + b * 61, 61);
+      ids.push_back(std::int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
+      double sum = 0.0;
+      for (float x : row) sum += std::exp(double(x) - double(row[std::size_t(ids.back())]));
+      log_probs.push_back(-std::log(sum));
+    }
+    want_ids.push_back(ids);
+    want_log_probs.push_back(log_probs);
+    logits = model.decode(*host_cache, ids, 1);
+  }
+
+  auto cache = model.make_kv_cache(kBatch, prompt_length + steps);
+  model.queue_greedy(*cache, prompt, prompt_length);
+  for (int step = 0; step < steps; ++step) {
+    model.queue_greedy(*cache);  // one ahead: queued before this step's choice is read
+    const Model::GreedyChoice got = model.read_greedy(*cache);
+    EXPECT_EQ(got.ids, want_ids[std::size_t(step)]) << "step " << step;
+    for (int b = 0; b < kBatch; ++b)
+      EXPECT_NEAR(got.log_probs[std::size_t(b)], want_log_probs[std::size_t(step)][std::size_t(b)], 1e-5);
+  }
+  EXPECT_EQ(model.read_greedy(*cache).ids.size(), std::size_t(kBatch));
+  EXPECT_EQ(cache->length(), prompt_length + steps);
+}
+
+TEST(Decode, GreedyRefusesCallsOutOfOrder) {
+  auto backend = make_backend(DeviceChoice::cpu, "float", 1);
+  Model model(decode_model("rope", 16), *backend);
+  model.initialize(1);
+  auto cache = model.make_kv_cache(1, 8);
+  EXPECT_THROW(model.queue_greedy(*cache), std::invalid_argument);  // nothing chose its tokens yet
+  EXPECT_THROW(model.read_greedy(*cache), std::invalid_argument);   // nothing queued
+  model.queue_greedy(*cache, std::vector<std::int32_t>{1, 2}, 2);
+  model.queue_greedy(*cache);
+  EXPECT_THROW(model.queue_greedy(*cache), std::invalid_argument);  // two unread
+  EXPECT_THROW(model.decode(*cache, std::vector<std::int32_t>{1}, 1), std::invalid_argument);
+  model.read_greedy(*cache);
+  model.read_greedy(*cache);
+  model.decode(*cache, std::vector<std::int32_t>{1}, 1);
+  EXPECT_THROW(model.queue_greedy(*cache), std::invalid_argument);  // decode() fed host tokens
+  cache->clear();
+  EXPECT_THROW(model.queue_greedy(*cache), std::invalid_argument);
 }
 
 }  // namespace
