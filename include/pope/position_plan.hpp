@@ -37,6 +37,7 @@ struct TransformPlan {
   // polar only.
   MagnitudeKind magnitude = MagnitudeKind::softplus;
   int delta_param = -1;  // index of δ [n_head, d] among the layer's parameters; −1: no δ
+  bool clamp_delta = true;  // δ acts clamped to [−2π, 0], no gradient outside; false: as stored
   // jet_rotary only: jet order K and c_p = shear_rate · p.
   int jet_order = 0;
   double shear_rate = 0.0;

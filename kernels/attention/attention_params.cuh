@@ -39,6 +39,7 @@ struct QkTransformParams {
                                         // pj_rotary: ω_m [head_dim / (2(K+1))]
   PopeMagnitudeKind magnitude = PopeMagnitudeKind::softplus;  // pope
   const float* delta = nullptr;                               // pope keys: δ [n_head, head_dim], or null without δ
+  bool clamp_delta = true;  // pope: δ acts clamped to [−2π, 0], no gradient outside; false: as stored
   int jet_order = 0;                    // pj_rotary: K, blocks of K+1 complex channels (≤ kPjRotaryMaxOrder)
   double shear_rate = 0.0;              // pj_rotary: η / L_train, so that the shear is c_p = shear_rate · p
   // rope: (cos, sin) of p_t · frequency_m for the call's rows t, [seq_len][rotary_pairs]

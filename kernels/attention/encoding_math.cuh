@@ -106,14 +106,20 @@ __device__ inline float pope_magnitude_derivative(PopeMagnitudeKind kind, float 
   return pope_magnitude_parts(kind, x).derivative;
 }
 
-// δ acts clamped to [−2π, 0]; outside that range it gets no gradient (on the bounds it does).
+// A clamped δ acts clamped to [−2π, 0]; outside that range it gets no gradient (on the bounds
+// it does). An unclamped one (delta_bound none) acts as stored and always gets its gradient.
 constexpr double kPopeDeltaLowest = -6.283185307179586476925286766559;
 __device__ inline bool pope_delta_in_range(float delta) { return delta >= kPopeDeltaLowest && delta <= 0.0; }
-__device__ inline double pope_clamped_delta(float delta) { return fmin(fmax(double(delta), kPopeDeltaLowest), 0.0); }
+__device__ inline double pope_acting_delta(bool clamped, float delta) {
+  return clamped ? fmin(fmax(double(delta), kPopeDeltaLowest), 0.0) : double(delta);
+}
+__device__ inline bool pope_delta_passes_gradient(bool clamped, float delta) {
+  return !clamped || pope_delta_in_range(delta);
+}
 
-// Phase of channel c at position p: p·ω_c, plus the clamped δ_c on keys (pass has_delta false for queries).
-__device__ inline PhaseRotation pope_phase(double position, double omega, bool has_delta, float delta) {
-  return rotation_by(position * omega + (has_delta ? pope_clamped_delta(delta) : 0.0));
+// Phase of channel c at position p: p·ω_c, plus the acting δ_c on keys (pass has_delta false for queries).
+__device__ inline PhaseRotation pope_phase(double position, double omega, bool has_delta, bool clamped, float delta) {
+  return rotation_by(position * omega + (has_delta ? pope_acting_delta(clamped, delta) : 0.0));
 }
 
 // Backward through y = (μ cos φ, μ sin φ) given its gradient (g_re, g_im):

@@ -112,11 +112,11 @@ __device__ PhaseRotation tabulated_phase(const QkTransformParams& transform, int
   return PhaseRotation{entry.x, entry.y};
 }
 
-// PoPE's phase of channel c at the site: p_t·ω_c, plus the clamped δ_hc on keys with δ.
+// PoPE's phase of channel c at the site: p_t·ω_c, plus the acting δ_hc on keys with δ.
 __device__ PhaseRotation pope_phase_of(const QkTransformParams& transform, const GroupSite& site, bool is_key,
                                        const AttentionDims& dims, int c) {
   const bool with_delta = delta_applies(transform, is_key);
-  return pope_phase(site.position, transform.frequencies[c], with_delta,
+  return pope_phase(site.position, transform.frequencies[c], with_delta, transform.clamp_delta,
                     with_delta ? transform.delta[std::int64_t(site.h) * dims.head_dim + c] : 0.0f);
 }
 
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
       r[k] = pope_phase_of(transform, site, true, dims, c0 + k);
-      sums[k] = pope_delta_in_range(transform.delta[std::int64_t(h) * d + c0 + k]);
+      sums[k] = pope_delta_passes_gradient(transform.clamp_delta, transform.delta[std::int64_t(h) * d + c0 + k]);
     }
     const BatchStride step = batch_stride(dims);
 #pragma unroll 4

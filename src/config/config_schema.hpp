@@ -53,7 +53,7 @@ template <class T> using Accessor = T& (*)(RunConfig&);
 using FieldAccessor =
     std::variant<Accessor<int>, Accessor<long>, Accessor<std::uint64_t>, Accessor<double>, Accessor<bool>,
                  Accessor<std::string>, Accessor<RopeScalingKind>, Accessor<MagnitudeKind>, Accessor<DeltaInit>,
-                 Accessor<PopeScale>, Accessor<PjRho>, Accessor<PjGateInit>, Accessor<DataKind>,
+                 Accessor<DeltaBound>, Accessor<PopeScale>, Accessor<PjRho>, Accessor<PjGateInit>, Accessor<DataKind>,
                  Accessor<LrSchedule>, Accessor<DeviceChoice>, Accessor<AttentionImpl>>;
 
 enum class Hashed { yes, no };

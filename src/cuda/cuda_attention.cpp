@@ -258,6 +258,7 @@ struct AttentionRunner::Scratch {
         device.frequencies = frequencies.upload(plan.frequencies, stream);
         device.magnitude = plan.magnitude;
         device.delta = plan.delta_param < 0 ? nullptr : params.at(std::size_t(plan.delta_param));
+        device.clamp_delta = plan.clamp_delta;
         return device;
       case TransformKind::jet_rotary:
         // Absolute positions, transformed in f32 and stored bf16 (docs/design.md, "PJ-rotary on the GPU").

@@ -54,14 +54,15 @@ class RopeEncoding final : public PositionEncodingImpl<RopeEncoding> {
 };
 
 // PoPE. Each real channel c of a head becomes a complex feature μ_c·e^{iφ_c} with
-// μ_c = f(x_c), ω_c = base^(−c/d), φ_c = p·ω_c for queries and p·ω_c + clamp(δ_{h,c}, −2π, 0)
-// for keys. QK width 2d, laid out (the CUDA kernels follow it):
+// μ_c = f(x_c), ω_c = base^(−c/d), φ_c = p·ω_c for queries and p·ω_c + δ_{h,c} for keys.
+// QK width 2d, laid out (the CUDA kernels follow it):
 //   y[c]     = μ_c cos φ_c     (real parts, c = 0..d−1)
 //   y[d + c] = μ_c sin φ_c     (imaginary parts)
 // so <q̃_t, k̃_s> = Σ_c μ_q μ_k cos((s−t)ω_c + δ_c).
-// Parameter "delta" [n_head, d] (no weight decay) unless learn_delta is false. δ outside
-// [−2π, 0] acts as the nearest bound and gets zero gradient; on the bounds it gets the full
-// gradient (δ starts at exactly 0).
+// Parameter "delta" [n_head, d] (no weight decay) unless learn_delta is false. With
+// delta_bound clamp (the default) δ outside [−2π, 0] acts as the nearest bound and gets zero
+// gradient; on the bounds it gets the full gradient (δ starts at exactly 0). With none δ acts
+// as stored and always gets its gradient.
 class PopeEncoding final : public PositionEncodingImpl<PopeEncoding> {
  public:
   explicit PopeEncoding(PopeConfig config);  // throws ConfigError on bad options

@@ -41,7 +41,14 @@ double magnitude_derivative(MagnitudeKind kind, double x) {
 }
 
 bool delta_in_range(double delta) { return delta >= -kTwoPi && delta <= 0.0; }
-double clamped_delta(double delta) { return std::clamp(delta, -kTwoPi, 0.0); }
+// δ as the phase takes it: clamped to [−2π, 0] under DeltaBound::clamp, else as stored.
+double acting_delta(DeltaBound bound, double delta) {
+  return bound == DeltaBound::clamp ? std::clamp(delta, -kTwoPi, 0.0) : delta;
+}
+// Whether δ passes its gradient: a clamped δ outside [−2π, 0] does not (the clamp is flat there).
+bool delta_passes_gradient(DeltaBound bound, double delta) {
+  return bound != DeltaBound::clamp || delta_in_range(delta);
+}
 
 // This head's δ row when it applies (keys with a learned δ), else null: δ is on keys only.
 template <class Real>
@@ -50,10 +57,10 @@ const Real* key_delta_row(bool is_key, int head, int head_dim, ParamValues<Real>
   return params[0] + static_cast<std::int64_t>(head) * head_dim;
 }
 
-// cos/sin of channel c's phase at position p: p·ω_c, plus the clamped δ_c on keys.
+// cos/sin of channel c's phase at position p: p·ω_c, plus the acting δ_c on keys.
 template <class Real>
-Rotation channel_rotation(double p, double omega, const Real* delta, int c) {
-  return rotation_by(p * omega + (delta ? clamped_delta(delta[c]) : 0.0));
+Rotation channel_rotation(double p, double omega, DeltaBound bound, const Real* delta, int c) {
+  return rotation_by(p * omega + (delta ? acting_delta(bound, delta[c]) : 0.0));
 }
 
 }  // namespace
@@ -86,6 +93,7 @@ TransformPlan PopeEncoding::transform_plan(const PositionContext& ctx) const {
   plan.frequencies = frequencies(ctx.head_dim);
   plan.magnitude = config_.magnitude;
   plan.delta_param = config_.learn_delta ? 0 : -1;
+  plan.clamp_delta = config_.delta_bound == DeltaBound::clamp;
   return plan;
 }
 
@@ -105,7 +113,7 @@ void PopeEncoding::transform(const QkTransformArgs<Real>& a) const {
     Real* y = a.y + static_cast<std::int64_t>(row) * 2 * d;
     const double p = absolute_position(ctx, row);
     for (int c = 0; c < d; ++c) {
-      const Rotation r = channel_rotation(p, omega[c], delta, c);
+      const Rotation r = channel_rotation(p, omega[c], config_.delta_bound, delta, c);
       const double mu = magnitude_of(config_.magnitude, x[c]);
       y[c] = static_cast<Real>(mu * r.cos);
       y[d + c] = static_cast<Real>(mu * r.sin);
@@ -127,12 +135,12 @@ void PopeEncoding::transform_backward(const QkTransformBackwardArgs<Real>& a) co
     Real* dx = a.dx + row * a.dx_stride;
     const double p = absolute_position(ctx, row);
     for (int c = 0; c < d; ++c) {
-      const Rotation r = channel_rotation(p, omega[c], delta, c);
+      const Rotation r = channel_rotation(p, omega[c], config_.delta_bound, delta, c);
       const double g_re = dy[c];
       const double g_im = dy[d + c];
       const double dmu = g_re * r.cos + g_im * r.sin;
       dx[c] += static_cast<Real>(dmu * magnitude_derivative(config_.magnitude, x[c]));
-      if (ddelta && delta_in_range(delta[c])) {
+      if (ddelta && delta_passes_gradient(config_.delta_bound, delta[c])) {
         const double mu = magnitude_of(config_.magnitude, x[c]);
         ddelta[c] += static_cast<Real>(mu * (-g_re * r.sin + g_im * r.cos));
       }

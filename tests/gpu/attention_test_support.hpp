@@ -244,10 +244,11 @@ inline RopeConfig rope_with(double fraction, RopeScalingKind scaling, double fac
   return config;
 }
 
-inline PopeConfig pope_with(MagnitudeKind magnitude, bool learn_delta) {
+inline PopeConfig pope_with(MagnitudeKind magnitude, bool learn_delta, DeltaBound delta_bound = DeltaBound::clamp) {
   PopeConfig config;
   config.magnitude = magnitude;
   config.learn_delta = learn_delta;
+  config.delta_bound = delta_bound;
   return config;
 }
 

@@ -7,8 +7,10 @@
 //   positions: q̃, k̃ and the keys' dL/dk against the host's formulas; the δ pass
 //   (kernels::pope_delta_gradient) writes dL/dk exactly as encode_qk_backward does and
 //   accumulates dL/dδ = Σ over batch and positions of the keys' phase gradients (against a double
-//   sum on the host), none for δ outside [−2π, 0]. The tolerance, 1e-4 of Σ|term|, is 13× below
-//   one average term (B·T = 770 of them), so a wrong, missing or doubled (b, t) term fails it.
+//   sum on the host), none for δ outside [−2π, 0] when δ is clamped; unclamped (delta_bound
+//   none), k̃ takes δ as stored and every δ its gradient. The tolerance, 1e-4 of Σ|term|, is
+//   13× below one average term (B·T = 770 of them), so a wrong, missing or doubled (b, t) term
+//   fails it.
 //   Both take dq̃, dk̃ in bf16 too (as the fused attention leaves PoPE's) and give bit for bit
 //   what they give from the same values in f32.
 // Reports SKIPPED without a GPU.
@@ -123,8 +125,14 @@ TEST(CudaQkTransform, PopeKernelsMatchTheHostOverBatchSlices) {
   auto gpu = make_backend(DeviceChoice::cuda);
   const int B = 10, T = 77, H = 2, offset = 9000;
   constexpr double kTwoPi = 6.283185307179586476925286766559;
-  for (const int d : {64, 12}) {  // vector groups; single channels
-    SCOPED_TRACE("head_dim " + std::to_string(d));
+  struct Case {
+    int d;             // 64: vector groups; 12: single channels
+    bool clamp_delta;  // delta_bound clamp, or none
+  };
+  for (const Case& c : {Case{64, true}, Case{12, true}, Case{64, false}, Case{12, false}}) {
+    const int d = c.d;
+    const bool clamp_delta = c.clamp_delta;
+    SCOPED_TRACE("head_dim " + std::to_string(d) + (clamp_delta ? ", δ clamped" : ", δ unbounded"));
     const int W = 2 * d;
     const std::int64_t rows = std::int64_t(B) * T, C = std::int64_t(H) * d, encoded = std::int64_t(B) * H * T * W;
     const std::vector<float> qkv_values = test::random_bf16_values(rows * 3 * C, 5);
@@ -153,7 +161,11 @@ TEST(CudaQkTransform, PopeKernelsMatchTheHostOverBatchSlices) {
     plan.position_offset = offset;
     plan.frequencies = static_cast<const double*>(frequencies.tensor.data);
     plan.delta = f32_data(delta);
+    plan.clamp_delta = clamp_delta;
     const auto* source = static_cast<const __nv_bfloat16*>(qkv.tensor.data);
+    const auto acting_delta = [&](float delta_hc) {
+      return clamp_delta ? std::clamp(double(delta_hc), -kTwoPi, 0.0) : double(delta_hc);
+    };
     const OwnedTensor q_encoded = allocate_tensor(*gpu, {encoded}, DType::bf16);
     const OwnedTensor k_encoded = allocate_tensor(*gpu, {encoded}, DType::bf16);
     const OwnedTensor by_encode = allocate_tensor(*gpu, {rows, 3 * C}, DType::bf16);
@@ -208,8 +220,7 @@ TEST(CudaQkTransform, PopeKernelsMatchTheHostOverBatchSlices) {
             const double x_q = qkv_values[in], x_k = qkv_values[in + std::size_t(C)];
             expect_bf16_of(q_got[out], softplus(x_q) * std::cos(angle), "q̃ real", out);
             expect_bf16_of(q_got[out + std::size_t(d)], softplus(x_q) * std::sin(angle), "q̃ imaginary", out);
-            const double delta_hc = std::clamp(double(delta_values[std::size_t(h) * d + c]), -kTwoPi, 0.0);
-            const double phi = angle + delta_hc;
+            const double phi = angle + acting_delta(delta_values[std::size_t(h) * d + c]);
             expect_bf16_of(k_got[out], softplus(x_k) * std::cos(phi), "k̃ real", out);
             expect_bf16_of(k_got[out + std::size_t(d)], softplus(x_k) * std::sin(phi), "k̃ imaginary", out);
             const double g_re = dk_values[out], g_im = dk_values[out + std::size_t(d)];
@@ -222,19 +233,19 @@ TEST(CudaQkTransform, PopeKernelsMatchTheHostOverBatchSlices) {
     for (int h = 0; h < H; ++h)
       for (int c = 0; c < d; ++c) {
         const float delta_hc = delta_values[std::size_t(h) * d + c];
-        const bool in_range = delta_hc >= -kTwoPi && delta_hc <= 0.0f;
+        const bool passes = !clamp_delta || (delta_hc >= -kTwoPi && delta_hc <= 0.0f);
         double sum = 0.0, magnitude_sum = 0.0;
         for (int b = 0; b < B; ++b)
           for (int t = 0; t < T; ++t) {
             const double x = qkv_values[std::size_t((std::int64_t(b) * T + t) * 3 * C + C + h * d + c)];
             const std::size_t row = std::size_t(((std::int64_t(b) * H + h) * T + t) * W);
             const double g_re = dk_values[row + std::size_t(c)], g_im = dk_values[row + std::size_t(d + c)];
-            const double phi = (double(offset) + t) * omega[std::size_t(c)] + std::clamp(double(delta_hc), -kTwoPi, 0.0);
+            const double phi = (double(offset) + t) * omega[std::size_t(c)] + acting_delta(delta_hc);
             const double term = softplus(x) * (-g_re * std::sin(phi) + g_im * std::cos(phi));
             sum += term;
             magnitude_sum += std::fabs(term);
           }
-        const double want = 1.0 + (in_range ? sum : 0.0);
+        const double want = 1.0 + (passes ? sum : 0.0);
         EXPECT_NEAR(got[std::size_t(h) * d + c], want, 1e-4 * magnitude_sum + 1e-6) << "dδ of head " << h << " channel " << c;
       }
   }

@@ -100,6 +100,7 @@ TEST(Config, DefaultsRoundTripThroughJson) {
   // A missing key takes the struct default.
   EXPECT_EQ(config_to_json(config_from_json(json::object())), defaults);
   EXPECT_EQ(defaults["model"]["position"]["pope"]["delta_init"], "zero");
+  EXPECT_EQ(defaults["model"]["position"]["pope"]["delta_bound"], "clamp");
   EXPECT_EQ(defaults["train"]["seed"], 1337u);
 }
 
@@ -109,6 +110,7 @@ TEST(Config, NonDefaultValuesRoundTrip) {
   config.model.position.rope.scaling.kind = RopeScalingKind::yarn;
   config.model.position.rope.scaling.factor = 4.0;
   config.model.position.pope.learn_delta = false;
+  config.model.position.pope.delta_bound = DeltaBound::none;
   config.optim.lr = 3e-4;
   config.train.steps = 5'000'000'000L;
   config.train.seed = 18'000'000'000'000'000'000ull;  // above INT64_MAX: needs the unsigned path
@@ -118,6 +120,7 @@ TEST(Config, NonDefaultValuesRoundTrip) {
   EXPECT_EQ(back.model.position.rope.scaling.kind, RopeScalingKind::yarn);
   EXPECT_EQ(back.model.position.rope.scaling.factor, 4.0);
   EXPECT_FALSE(back.model.position.pope.learn_delta);
+  EXPECT_EQ(back.model.position.pope.delta_bound, DeltaBound::none);
   EXPECT_EQ(back.optim.lr, 3e-4);
   EXPECT_EQ(back.train.steps, 5'000'000'000L);
   EXPECT_EQ(back.train.seed, 18'000'000'000'000'000'000ull);
@@ -462,6 +465,8 @@ TEST(Config, BadEnumListsTheAllowedValues) {
   expect_json_error({{"train", {{"device", "gpu"}}}}, "train.device", {"expected one of auto, cpu, cuda", "\"gpu\""});
   expect_json_error({{"optim", {{"schedule", "step"}}}}, "optim.schedule", {"cosine, linear, constant"});
   expect_json_error({{"attention", {{"impl", "flash"}}}}, "attention.impl", {"expected one of fused, cudnn"});
+  expect_json_error({{"model", {{"position", {{"pope", {{"delta_bound", "wrap"}}}}}}}},
+                    "model.position.pope.delta_bound", {"expected one of clamp, none", "\"wrap\""});
   expect_json_error({{"optim", {{"schedule", 3}}}}, "optim.schedule", {"expected a string"});
 }
 
@@ -643,7 +648,8 @@ TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
 
   const std::vector<std::function<void(RunConfig&)>> result_changing = {
       [](RunConfig& c) { c.optim.lr = 5e-4; }, [](RunConfig& c) { c.model.position.kind = "rope"; },
-      [](RunConfig& c) { c.train.seed = 1; }, [](RunConfig& c) { c.data.train = "other.bin"; }};
+      [](RunConfig& c) { c.train.seed = 1; }, [](RunConfig& c) { c.data.train = "other.bin"; },
+      [](RunConfig& c) { c.model.position.pope.delta_bound = DeltaBound::none; }};
   for (const auto& change : result_changing) {
     RunConfig changed;
     change(changed);

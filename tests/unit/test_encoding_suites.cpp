@@ -152,7 +152,8 @@ std::optional<std::vector<double>> planned_transform(const TransformPlan& plan, 
                             : plan.magnitude == MagnitudeKind::relu   ? std::max(v, 0.0)
                                                                       : v;
           double phase = p * plan.frequencies[c];
-          if (is_key && delta_row != nullptr) phase += std::clamp(delta_row[c], -2.0 * std::numbers::pi, 0.0);
+          if (is_key && delta_row != nullptr)
+            phase += plan.clamp_delta ? std::clamp(delta_row[c], -2.0 * std::numbers::pi, 0.0) : delta_row[c];
           out[c] = mu * std::cos(phase);
           out[d + c] = mu * std::sin(phase);
         }

@@ -1,7 +1,7 @@
 // PoPE: the score identity Σ_c μ_q μ_k cos((s−t)ω_c + δ_c), relative-position invariance,
-// the evenness of the δ = 0 response, δ's clamp and its gradient, the magnitude ablations,
-// the no-δ variant, scales, frequencies, float accuracy at long positions, and
-// finite-difference checks of the backward.
+// the evenness of the δ = 0 response, δ's clamp and its gradient (and an unbounded δ's), the
+// magnitude ablations, the no-δ variant, scales, frequencies, float accuracy at long positions,
+// and finite-difference checks of the backward.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +21,12 @@ PopeConfig pope_config(MagnitudeKind magnitude = MagnitudeKind::softplus, bool l
   PopeConfig config;
   config.magnitude = magnitude;
   config.learn_delta = learn_delta;
+  return config;
+}
+
+PopeConfig unbounded_config() {
+  PopeConfig config;
+  config.delta_bound = DeltaBound::none;
   return config;
 }
 
@@ -129,6 +135,35 @@ TEST(Pope, DeltaOutsideTheRangeActsClampedAndGetsNoGradient) {
   EXPECT_EQ(ddelta[0][1], 0.0);
   EXPECT_NE(ddelta[0][2], 0.0);
   EXPECT_EQ(ddelta[0][3], 0.0);
+}
+
+TEST(Pope, UnboundedDeltaActsAsStoredAndAlwaysGetsItsGradient) {
+  const PopeEncoding clamped(pope_config()), unbounded(unbounded_config());
+  const int d = 4;
+  const PositionContext ctx = make_context(2, d, 1, 3);
+  const std::vector<double> x = random_values(2 * d, -1, 1, 10), dy = random_values(4 * d, -1, 1, 11);
+  const std::vector<double> outside_row{0.7, -9.0, -1.0, -kTwoPi - 0.1};
+  auto outside = delta_param(1, 0, outside_row);
+  EXPECT_NE(transform_rows(unbounded, ctx, 0, true, x, d, outside),
+            transform_rows(clamped, ctx, 0, true, x, d, outside));
+  const std::vector<double> q = random_values(d, -2, 2, 1), k = random_values(d, -2, 2, 2);
+  for (auto [t, s] : {std::pair{9, 4}, std::pair{4, 9}})
+    EXPECT_NEAR(transformed_score(unbounded, ctx, 0, q, t, k, s, outside), direct_score(q, t, k, s, outside_row),
+                1e-12)
+        << t << ", " << s;
+
+  std::vector<double> dx(2 * d, 0.0);
+  std::vector<std::vector<double>> ddelta{std::vector<double>(d, 0.0)};
+  transform_backward_rows(unbounded, ctx, 0, true, x, d, outside, dy, dx, ddelta);
+  for (int c = 0; c < d; ++c) EXPECT_GT(std::abs(ddelta[0][c]), 1e-3) << "c = " << c;
+  std::vector<double> x_point = x;
+  EXPECT_LT(transform_gradient_error(unbounded, ctx, 0, true, x_point, d, outside), 1e-6);
+}
+
+TEST(Pope, PlanSaysWhetherDeltaIsClamped) {
+  const PositionContext ctx = make_context(4, 8, 2);
+  EXPECT_TRUE(PopeEncoding(pope_config()).transform_plan(ctx).clamp_delta);
+  EXPECT_FALSE(PopeEncoding(unbounded_config()).transform_plan(ctx).clamp_delta);
 }
 
 TEST(Pope, DeltaOnTheBoundGetsTheGradientFromInside) {

@@ -162,6 +162,16 @@ TEST_F(TrainerTest, ResumeWithAnotherPositionKindNamesTheKey) {
   EXPECT_EQ(message.find("tensor"), std::string::npos) << message;
 }
 
+// δ's bound changes what the model computes from the same weights: a resume under another is refused.
+TEST_F(TrainerTest, ResumeWithAnotherDeltaBoundNamesTheKey) {
+  Trainer(config_, options("run", "", 2)).train();
+  config_.model.position.pope.delta_bound = DeltaBound::none;
+  const std::string message = pope::testing::thrown_message<ConfigError>([&] { Trainer(config_, options("run", "auto")); });
+  EXPECT_NE(message.find("(model.position.pope.delta_bound = \"clamp\", this config says \"none\")"),
+            std::string::npos)
+      << message;
+}
+
 // A resume under a larger train.steps stretches the decay: one warning names both ends and
 // the learning rates under each; the same train.steps warns of nothing.
 TEST_F(TrainerTest, ExtendingTrainStepsOnResumeWarnsOfTheStretchedSchedule) {
