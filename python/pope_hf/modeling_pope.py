@@ -15,9 +15,9 @@ The positional encodings, every value of model.position.kind (aliases: none = no
 follow pope's docs/encodings.md; where the text leaves a detail open this file does what pope's CPU
 reference does (T5 buckets of an odd bucket count, the tables formed in float64):
   nope; rope and its scalings (rope_pi, rope_ntk, rope_yarn, model.position.rope.scaling.kind pi, ntk,
-  dynamic_ntk, yarn; rope.fraction); pope (magnitude, learn_delta, scale); alibi (head_fraction); xpos;
-  t5_bias; pj_rotary; the PJ-bias methods affine, fj_affine, fj_lc, lc_affine, full, rope_affine,
-  rope_ntk_affine, rope_yarn_affine (pj.order, pj.rho).
+  dynamic_ntk, yarn; rope.fraction); pope (magnitude, learn_delta, delta_bound, scale); alibi
+  (head_fraction); xpos; t5_bias; pj_rotary; the PJ-bias methods affine, fj_affine, fj_lc, lc_affine,
+  full, rope_affine, rope_ntk_affine, rope_yarn_affine (pj.order, pj.rho).
 Positions are computed, never learned, so every encoding evaluates at any length, as pope's does:
 dynamic NTK takes s = max(1, T / L_train) for a forward of T tokens; xPos refuses positions whose
 decay leaves the floating-point range, naming model.position.xpos.scale_base, as pope does.
@@ -366,6 +366,10 @@ class PositionEncoding(nn.Module):
         elif self.transform == "pope":
             self.pope = _require(position, "pope", "model.position")
             _magnitude(self.pope["magnitude"], torch.zeros(1))
+            bound = self.pope.get("delta_bound", "clamp")   # exports older than the key clamped δ
+            if bound not in ("clamp", "none"):
+                raise PopeConfigError(f"model.position.pope.delta_bound: unknown bound '{bound}'")
+            self.clamp_delta = bound == "clamp"
             if self.pope["learn_delta"]:
                 self.delta = nn.Parameter(torch.zeros(H, d))
         elif self.transform == "xpos":
@@ -415,7 +419,8 @@ class PositionEncoding(nn.Module):
         omega = torch.tensor(pope_frequencies(float(self.pope["base"]), d), dtype=torch.float64, device=x.device)
         phase = positions.double()[:, None] * omega[None, :]               # [T, d]
         if is_key and self.pope["learn_delta"]:
-            phase = phase[None] + torch.clamp(self.delta.double(), -_TWO_PI, 0.0)[:, None, :]   # [H, T, d]
+            delta = torch.clamp(self.delta.double(), -_TWO_PI, 0.0) if self.clamp_delta else self.delta.double()
+            phase = phase[None] + delta[:, None, :]                        # [H, T, d]
         work = _work_dtype(x.dtype)
         mu = _magnitude(self.pope["magnitude"], x.to(work))
         return torch.cat([mu * torch.cos(phase).to(work), mu * torch.sin(phase).to(work)], dim=-1).to(x.dtype)

@@ -2,8 +2,8 @@
 # pope-export end to end on the CPU: --help, usage/config/checkpoint errors with their exit codes, the
 # destination rules (absent or empty, never a non-empty one), atomicity (a write that fails half-way, a
 # process killed half-way: no --out folder, no staging directory once the next export ran), and for every
-# encoding of `pope-bench encodings` plus options (RoPE scalings, fraction, PoPE ablations, ALiBi head
-# fraction, PJ orders and ρ, PJ-rotary orders, T5 buckets, xPos decay, a --set at export) a tiny model
+# encoding of `pope-bench encodings` plus options (RoPE scalings, fraction, PoPE ablations and δ's bound,
+# ALiBi head fraction, PJ orders and ρ, PJ-rotary orders, T5 buckets, xPos decay, a --set at export) a tiny model
 # trained here, its weights perturbed (tests/cli/export_check.py jitter), evaluated by pope-eval at
 # 8, 16 (the training length) and 40 tokens, exported, loaded with PyTorch (modeling_pope.PopeGPT; also
 # transformers' AutoModelForCausalLM where transformers imports) and its mean and tail NLL held to
@@ -163,6 +163,7 @@ cases+=(
   "pope_identity_2d|--set model.position.pope.magnitude=identity --set model.position.pope.scale=inv_sqrt_2d|"
   "pope_relu_no_delta|--set model.position.pope.magnitude=relu --set model.position.pope.learn_delta=false|"
   "pope_uniform_delta|--set model.position.pope.delta_init=uniform --set model.position.pope.base=500|"
+  "pope_delta_unbounded|--set model.position.pope.delta_bound=none|"
   "alibi_half_of_4|--set model.position.kind=alibi --set model.n_head=4 --set model.position.alibi.head_fraction=0.5|"
   "alibi_6_heads|--set model.position.kind=alibi --set model.n_embd=48 --set model.n_head=6|"
   "full_k1_lightcone|--set model.position.kind=full --set model.position.pj.order=1 --set model.position.pj.rho=lightcone|"
@@ -200,7 +201,8 @@ for case in "${cases[@]}"; do
   fi
 done
 
-# Controls: a changed RoPE base and T5 lag buckets must fail the comparison (the check sees them).
+# Controls: a changed RoPE base, T5 lag buckets and δ's bound (the jitter puts about half of δ above
+# 0) must fail the comparison (the check sees them).
 tamper() {  # CASE KEY VALUE
   cp -r "$SCRATCH/cases/$1" "$SCRATCH/cases/$1_tampered"
   "$torch_python" - "$SCRATCH/cases/$1_tampered/config.json" "$2" "$3" <<'PY'
@@ -217,6 +219,7 @@ PY
 }
 tamper rope rope.base 5000.0
 tamper t5_bias t5_bias.max_distance 64
+tamper pope_delta_unbounded pope.delta_bound '"clamp"'
 
 # A model with GPT-2's vocabulary carries the tokenizer (when its files are here: scripts/fetch_data.sh).
 tokenizer="$POPE_SOURCE_DIR/data/tokenizer"
