@@ -22,6 +22,7 @@
 #include "pope/distributed.hpp"
 #include "pope/sample.hpp"
 #include "pope/train_step.hpp"
+#include "runtime/delta_bounds.hpp"
 #include "runtime/progress.hpp"
 #include "runtime/run_inputs.hpp"
 
@@ -413,6 +414,12 @@ Trainer::Validation Trainer::run_validation(long step) {
     record["val_accuracy_by_shift"] = score_to_json(*result.score)["by_shift"];
   } else {
     logger.info("step {} | val loss {:.4f} | val ppl {:.2f}", step, result.loss, std::exp(result.loss));
+  }
+  if (const auto delta = delta_bound_shares(*model_)) {
+    logger.info("step {} | PoPE δ: {:.2f}% outside [−2π, 0], {:.2f}% on a bound", step, 100 * delta->outside,
+                100 * delta->at_bound);
+    record["delta_outside"] = delta->outside;
+    record["delta_at_bound"] = delta->at_bound;
   }
   append_metrics(record);
   return result;

@@ -1,15 +1,21 @@
 // The training loop: exact resume, stop requests, the non-finite guard, run-directory safety,
-// phase timing in the log records.
+// phase timing in the log records, PoPE δ's bounds at each validation.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <map>
+#include <numbers>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "pope/train.hpp"
+#include "runtime/delta_bounds.hpp"
 #include "scratch_dir.hpp"
 #include "trainer_fixture.hpp"
 
@@ -35,6 +41,49 @@ TEST_F(TrainerTest, ValidationLossFalls) {
 }
 
 TEST_F(TrainerTest, ResumeReproducesTheUninterruptedRunExactly) { expect_resume_equals_uninterrupted(5); }
+
+TEST(DeltaBoundShares, CountEntriesOnAndPastTheBoundsInF32) {
+  const float lowest = float(-2.0 * std::numbers::pi);
+  const std::vector<float> delta{0.0f, lowest, 0.5f, -7.0f, -1.0f, std::nextafter(lowest, 0.0f), 1e-30f, -3.0f};
+  const DeltaBoundShares shares = delta_bound_shares(delta);
+  EXPECT_EQ(shares.entries, 8);
+  EXPECT_DOUBLE_EQ(shares.at_bound, 2.0 / 8);
+  EXPECT_DOUBLE_EQ(shares.outside, 3.0 / 8);
+}
+
+// Each validation of a PoPE run logs the shares of δ on and past [−2π, 0]: at step 0 every δ is
+// on the bound 0; under the clamp, first steps that push δ above 0 leave it there (no gradient).
+TEST_F(TrainerTest, ValidationsLogTheShareOfPopeDeltaOnAndPastItsBounds) {
+  config_.train.steps = 6;
+  config_.train.eval_every = 3;
+  Trainer trainer(config_, options("run"));
+  trainer.train();
+  const std::optional<DeltaBoundShares> final_shares = delta_bound_shares(trainer.model());
+  ASSERT_TRUE(final_shares.has_value());
+  EXPECT_EQ(final_shares->entries, std::int64_t(config_.model.n_layer) * config_.model.n_embd);
+  EXPECT_GT(final_shares->outside, 0.0);
+  std::map<long, nlohmann::json> evals;
+  std::ifstream in(dir_ / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "eval") evals[record["step"].get<long>()] = record;
+  }
+  ASSERT_EQ(evals.size(), 3u);
+  EXPECT_EQ(evals[0]["delta_at_bound"], 1.0);
+  EXPECT_EQ(evals[0]["delta_outside"], 0.0);
+  EXPECT_EQ(evals[6]["delta_at_bound"], final_shares->at_bound);
+  EXPECT_EQ(evals[6]["delta_outside"], final_shares->outside);
+  std::ifstream log(dir_ / "run" / "train.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("step 6 | PoPE δ: "), std::string::npos) << text;
+
+  config_.model.position.kind = "rope";
+  Trainer rope(config_, options("rope"));
+  rope.train();
+  EXPECT_FALSE(delta_bound_shares(rope.model()).has_value());
+  std::ifstream rope_metrics(dir_ / "rope" / "metrics.jsonl");
+  for (std::string line; std::getline(rope_metrics, line);) EXPECT_EQ(line.find("delta_"), std::string::npos) << line;
+}
 
 // With train.phase_timing every "train" record carries the window's mean milliseconds per phase
 // (a single CPU rank: no reduction or gather to wait for), and the losses are those of an
