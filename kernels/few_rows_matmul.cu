@@ -1,12 +1,15 @@
 // The few-rows product (few_rows_matmul.cuh): a block of kWarps warps takes kWarps consecutive
 // output columns; each warp reads its weight row once in 16-byte groups and multiplies it with
 // every input row (read from L1/L2, a few KB). With a fused norm every block first computes the
-// rows' rstd (one warp per row), since the rows are tiny next to the weights.
+// rows' rstd (one warp per row), since the rows are tiny next to the weights. Launched as a
+// dependent launch: a block prefetches its weight rows to L2 before it waits for the kernel
+// before it.
 #include <cstdint>
 #include <type_traits>
 
 #include "bf16_group.cuh"
 #include "block_reduce.cuh"
+#include "dependent_launch.cuh"
 #include "few_rows_matmul.cuh"
 #include "gelu.cuh"
 #include "row_rms.cuh"
@@ -17,12 +20,23 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kGroup = kVectorGroup;
+constexpr int kL2Line = 128;  // bytes
 
 template <int kRows, bool kNorm, FewRowsEpilogue kEpilogue, class Out>
 __global__ void __launch_bounds__(kWarps * kWarpSize) few_rows_matmul_kernel(FewRowsMatmul p) {
   __shared__ float rstd[kRows];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int groups = p.k / kGroup;
+  const int column = blockIdx.x * kWarps + warp;
+  allow_dependents();
+  // The weights are no earlier kernel's output: their row is on its way to L2 while the kernel
+  // before finishes; x, the addend and the outputs wait for it.
+  if (column < p.n) {
+    const char* row = reinterpret_cast<const char*>(p.w + std::size_t(column) * p.k);
+    for (int offset = lane * kL2Line; offset < p.k * int(sizeof(__nv_bfloat16)); offset += kWarpSize * kL2Line)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + offset));
+  }
+  wait_for_producer();
   if constexpr (kNorm) {
     for (int r = warp; r < p.rows; r += kWarps) {
       const float inverse_rms = warp_row_inverse_rms<kGroup>(p.x + std::size_t(r) * p.k, p.k, p.eps);
@@ -42,7 +56,6 @@ __global__ void __launch_bounds__(kWarps * kWarpSize) few_rows_matmul_kernel(Few
           }
     }
   }
-  const int column = blockIdx.x * kWarps + warp;
   if (column >= p.n) return;  // whole warps leave: the shuffles below stay complete
   const __nv_bfloat16* w_row = p.w + std::size_t(column) * p.k;
   float sum[kRows] = {};
@@ -85,8 +98,8 @@ __global__ void __launch_bounds__(kWarps * kWarpSize) few_rows_matmul_kernel(Few
 template <int kRows, bool kNorm, FewRowsEpilogue kEpilogue, class Out>
 cudaError_t launch(const FewRowsMatmul& p, cudaStream_t stream) {
   const unsigned blocks = unsigned((p.n + kWarps - 1) / kWarps);
-  few_rows_matmul_kernel<kRows, kNorm, kEpilogue, Out><<<blocks, kWarps * kWarpSize, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_dependent(few_rows_matmul_kernel<kRows, kNorm, kEpilogue, Out>, dim3(blocks), dim3(kWarps * kWarpSize),
+                          stream, p);
 }
 
 template <int kRows, bool kNorm>

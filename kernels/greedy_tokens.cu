@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "block_reduce.cuh"
+#include "dependent_launch.cuh"
 #include "greedy_tokens.cuh"
 #include "log2_units.cuh"
 
@@ -37,8 +38,11 @@ __device__ Choice shuffle_xor(Choice value, int offset) {
 }
 
 __global__ void __launch_bounds__(kThreads)
-    greedy_kernel(int* ids, float* log_probs, const float* logits, int padded_width, int vocab_size) {
+    greedy_kernel(int* ids, float* log_probs, const float* logits, int padded_width, int vocab_size, int* past,
+                  int advance) {
   __shared__ Choice shared[kWarpSize];
+  allow_dependents();
+  wait_for_producer();
   const int row = blockIdx.x;
   const float* z = logits + long(row) * padded_width;
   Choice mine{-INFINITY, INT_MAX, 0.0f, 0};
@@ -56,6 +60,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const Choice all = block_reduce(mine, shared, CombineChoices{}, Choice{-INFINITY, INT_MAX, 0.0f, 0});
   if (threadIdx.x != 0) return;
+  if (past != nullptr && row == 0) *past += advance;
   const bool refused = all.bad != 0 || all.id == INT_MAX;
   ids[row] = refused ? 0 : all.id;
   log_probs[row] = refused ? NAN : -logf(all.sum);
@@ -64,10 +69,10 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t greedy_tokens(int* ids, float* log_probs, const float* logits, int rows, int padded_width, int vocab_size,
-                          cudaStream_t stream) {
+                          int* past, int advance, cudaStream_t stream) {
   if (rows <= 0 || vocab_size <= 0 || vocab_size > padded_width) return cudaErrorInvalidValue;
-  greedy_kernel<<<unsigned(rows), kThreads, 0, stream>>>(ids, log_probs, logits, padded_width, vocab_size);
-  return cudaGetLastError();
+  return launch_dependent(greedy_kernel, dim3(unsigned(rows)), dim3(kThreads), stream, ids, log_probs, logits,
+                          padded_width, vocab_size, past, advance);
 }
 
 }  // namespace pope::kernels

@@ -276,8 +276,11 @@ class Backend {
   // Greedy decoding's choice, left in backend memory: for each row r of logits [rows, Vp] (the
   // forward-only logits dtype, at least fp32), ids[r] (i32) = the first of the largest of its
   // first vocab_size columns, log_probs[r] (statistic dtype) = that column's log-softmax over
-  // those columns. A row holding a non-finite logit gets id 0 and log-probability NaN.
-  virtual void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size) = 0;
+  // those columns. A row holding a non-finite logit gets id 0 and log-probability NaN. With
+  // `past` (i32 [1]) set, also past[0] += advance: the cached length the next decode call starts
+  // from, so that a step can be queued before the host has read this one.
+  virtual void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past,
+                             int advance) = 0;
 
   // Σ x² over a tensor (host value), for the global gradient norm.
   virtual double sum_of_squares(Tensor x) = 0;

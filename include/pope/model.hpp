@@ -162,7 +162,7 @@ class Model {
   void queue_decode(KvCache& cache, int n, bool all_rows);
   void check_decode(const KvCache& cache, std::size_t tokens, int n) const;
   void run_decode(KvCache& cache, int n, bool all_rows);
-  void queue_choice(KvCache& cache);
+  void queue_choice(KvCache& cache, int n);
   // One layer's forward over the tensors of `t`; `attention` computes t.attn from t.qkv given the
   // layer's position parameters (the full forward's or the decode's attention).
   struct LayerTensors;

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "block_reduce.cuh"  // kWarpSize
+#include "dependent_launch.cuh"
 
 namespace pope::kernels {
 
@@ -43,6 +44,8 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
                  const __nv_bfloat16* qkv, __nv_bfloat16* keys, __nv_bfloat16* values, float* partials,
                  int* counters, __nv_bfloat16* out) {
   __shared__ float warp_state[kWarps][kMaxWidth + 2];
+  allow_dependents();
+  wait_for_producer();
   const int split = blockIdx.x % dims.splits, row = blockIdx.x / dims.splits, h = blockIdx.y;  // row = b·n + i
   const int b = row / dims.new_rows, i = row % dims.new_rows;
   const int past = *dims.past, t = past + i, total = past + dims.new_rows;
@@ -223,9 +226,9 @@ cudaError_t decode_attention(const DecodeDims& dims, const ScoreParams& score, c
                              cudaStream_t stream) {
   if (!valid(dims)) return cudaErrorInvalidValue;
   const int rows = dims.batch * dims.new_rows;
-  range_kernel<<<dim3(unsigned(rows) * unsigned(dims.splits), dims.n_head), kWarps * kWarpSize, 0, stream>>>(
-      dims, score, q_encoded, k_encoded, qkv, keys, values, partials, counters, out);
-  return cudaGetLastError();
+  return launch_dependent(range_kernel, dim3(unsigned(rows) * unsigned(dims.splits), unsigned(dims.n_head)),
+                          dim3(kWarps * kWarpSize), stream, dims, score, q_encoded, k_encoded, qkv, keys, values,
+                          partials, counters, out);
 }
 
 }  // namespace pope::kernels

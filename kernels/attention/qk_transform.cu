@@ -16,6 +16,7 @@
 #include "attention/encoding_math.cuh"
 #include "attention/qk_transform.cuh"
 #include "bf16_group.cuh"
+#include "dependent_launch.cuh"
 
 namespace pope::kernels {
 
@@ -285,6 +286,8 @@ __device__ void round_group(const AttentionDims& dims, const GroupSite& site, co
 template <int kGroup>
 __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
                                  __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded) {
+  allow_dependents();
+  wait_for_producer();
   const bool is_key = blockIdx.y == 1;
   __nv_bfloat16* encoded = is_key ? k_encoded : q_encoded;
   const int d = dims.head_dim, pairs = transform.rotary_pairs;
@@ -611,9 +614,8 @@ cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transf
     return encode_pj_rotary(dims, transform, qkv, q_encoded, k_encoded, stream);
   return with_group(dims, transform, {qkv, q_encoded, k_encoded}, [&](auto group) {
     constexpr int kGroup = decltype(group)::value;
-    encode_qk_kernel<kGroup><<<dim3(grid_for(thread_count(dims, kGroup)), 2), kThreads, 0, stream>>>(
-        dims, transform, qkv, q_encoded, k_encoded);
-    return cudaGetLastError();
+    return launch_dependent(encode_qk_kernel<kGroup>, dim3(grid_for(thread_count(dims, kGroup)), 2), dim3(kThreads),
+                            stream, dims, transform, qkv, q_encoded, k_encoded);
   });
 }
 

@@ -129,8 +129,8 @@ template <class Real> class CpuBackend final : public Backend {
                      double grad_scale) override {
     cpu::cross_entropy<Real>(threads_, losses, logits, targets, vocab_size, compute_grad, grad_scale);
   }
-  void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size) override {
-    cpu::greedy_tokens<Real>(threads_, ids, log_probs, logits, vocab_size);
+  void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance) override {
+    cpu::greedy_tokens<Real>(threads_, ids, log_probs, logits, vocab_size, past, advance);
   }
   double sum_of_squares(Tensor x) override { return cpu::sum_of_squares<Real>(threads_, x); }
   void sum_of_squares_into(Tensor result, Tensor x) override { cpu::sum_of_squares_into<Real>(threads_, result, x); }

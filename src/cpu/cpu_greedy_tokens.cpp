@@ -1,6 +1,6 @@
 // Greedy decoding's choice over each logits row's first vocab_size columns: the first of the
 // largest, and its log-softmax −log Σ_j exp(z_j − max) (the chosen logit is the max). A row
-// holding a non-finite logit gets id 0 and log-probability NaN.
+// holding a non-finite logit gets id 0 and log-probability NaN. past[0] += advance, where given.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -13,7 +13,7 @@
 namespace pope::cpu {
 
 template <class Real>
-void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int vocab_size) {
+void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance) {
   constexpr std::string_view op = "greedy_tokens";
   constexpr DType real = dtype_of<Real>();
   check_2d(op, "logits", logits, real);
@@ -22,6 +22,10 @@ void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int
           fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
   check_vector(op, "ids", ids, DType::i32, rows);
   check_vector(op, "log_probs", log_probs, real, rows);
+  if (!past.empty()) {
+    check_vector(op, "past", past, DType::i32, 1);
+    *past.as<std::int32_t>() += advance;
+  }
   const Real* z_all = logits.as<Real>();
   auto* id = ids.as<std::int32_t>();
   Real* log_prob = log_probs.as<Real>();
@@ -36,14 +40,14 @@ void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int
       }
       if (z[j] > z[best]) best = j;
     }
-    Real sum = 0;
-    for (int j = 0; j < vocab_size; ++j) sum += std::exp(z[j] - z[best]);
+    double sum = 0;  // a vocabulary of terms: summed in double, as the reference it is
+    for (int j = 0; j < vocab_size; ++j) sum += double(std::exp(z[j] - z[best]));
     id[n] = best;
-    log_prob[n] = -std::log(sum);
+    log_prob[n] = Real(-std::log(sum));
   });
 }
 
-template void greedy_tokens<float>(int, Tensor, Tensor, Tensor, int);
-template void greedy_tokens<double>(int, Tensor, Tensor, Tensor, int);
+template void greedy_tokens<float>(int, Tensor, Tensor, Tensor, int, Tensor, int);
+template void greedy_tokens<double>(int, Tensor, Tensor, Tensor, int, Tensor, int);
 
 }  // namespace pope::cpu

@@ -45,7 +45,8 @@ void cross_entropy(int threads, Tensor losses, Tensor logits, Tensor targets, in
                    double grad_scale);
 
 // cpu_greedy_tokens.cpp
-template <class Real> void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int vocab_size);
+template <class Real>
+void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance);
 
 // cpu_optimizer.cpp
 template <class Real> double sum_of_squares(int threads, Tensor x);

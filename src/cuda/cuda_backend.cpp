@@ -514,7 +514,7 @@ class CudaBackend final : public Backend {
     launched(f32_logits ? launch(logits.as<float>()) : launch(bf16_data(logits)), op);
   }
 
-  void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size) override {
+  void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance) override {
     constexpr std::string_view op = "greedy_tokens";
     check_2d(op, "logits", logits, DType::f32);
     const std::int64_t rows = logits.dim(0), padded = logits.dim(1);
@@ -522,9 +522,11 @@ class CudaBackend final : public Backend {
             fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
     check_vector(op, "ids", ids, DType::i32, rows);
     check_vector(op, "log_probs", log_probs, DType::f32, rows);
+    if (!past.empty()) check_vector(op, "past", past, DType::i32, 1);
     check_sizes(op, {rows, padded});
     launched(kernels::greedy_tokens(ids.as<std::int32_t>(), log_probs.as<float>(), logits.as<float>(), int(rows),
-                                    int(padded), vocab_size, stream_),
+                                    int(padded), vocab_size, past.empty() ? nullptr : past.as<std::int32_t>(), advance,
+                                    stream_),
              op);
   }
 

@@ -18,7 +18,7 @@ namespace pope {
 // A greedy call's host slot: the cached length its step starts from, then the ids and
 // log-probabilities copied back.
 struct KvCache::GreedySlot {
-  Buffer host;  // page-locked: i32 past, i32 ids [B], log-probabilities [B] (statistic dtype)
+  Buffer host;  // page-locked copy of Buffers::feed's choice: log-probabilities, past, ids
   std::unique_ptr<Fence> copied;
 };
 
@@ -27,12 +27,16 @@ struct KvCache::GreedySlot {
 // over its input), and the recording of a one-token step.
 struct KvCache::Buffers {
   std::int64_t rows = 0;
-  OwnedTensor inputs;  // i32 [1 + rows]: the cached length p0, then the new tokens
+  // i32 words: the last greedy choice's log-probabilities (`choice_words` words of the statistic
+  // dtype), then the cached length p0, then the new tokens, so that one copy returns a choice.
+  OwnedTensor feed;
+  std::int64_t choice_words = 0;
+  Tensor log_probs;  // [batch] at the start of feed
+  Tensor inputs;     // i32 [1 + rows] after it: p0, then the new tokens
   OwnedTensor residual, residual_mid, norm1, norm2, rstd1, rstd2, qkv, attn, fc_pre, fc_act, final_norm, final_rstd,
       logits;
   Buffer host_logits;  // page-locked copy of `logits`
   std::unique_ptr<Fence> logits_copied;
-  OwnedTensor log_probs;  // [batch]: the last greedy choice's log-probabilities
   std::array<GreedySlot, 2> greedy;  // host slots of the greedy calls queued, used in turn
   long greedy_queued = 0, greedy_read = 0;
   std::unique_ptr<GraphCapture> step;  // a one-token step of every sequence, replayed at each position
@@ -74,7 +78,13 @@ void Model::reserve_decode(KvCache& cache, std::int64_t rows) {
   const std::int64_t C = config_.n_embd;
   auto alloc = [&](Shape s, DType t) { return allocate_tensor(backend_, std::move(s), t); };
   b->rows = rows;
-  b->inputs = alloc({1 + rows}, DType::i32);
+  const int B = cache.batch();
+  b->choice_words = std::int64_t(B) * std::int64_t(dtype_size(stat) / dtype_size(DType::i32));
+  b->feed = alloc({b->choice_words + 1 + rows}, DType::i32);
+  b->log_probs = b->feed.tensor;
+  b->log_probs.dtype = stat;
+  b->log_probs.shape = {B};
+  b->inputs = b->feed.tensor.rows(b->choice_words, b->choice_words + 1 + rows);
   for (OwnedTensor* t : {&b->residual, &b->residual_mid, &b->norm1, &b->norm2, &b->attn, &b->final_norm})
     *t = alloc({rows, C}, act);
   for (OwnedTensor* t : {&b->rstd1, &b->rstd2, &b->final_rstd}) *t = alloc({rows}, stat);
@@ -107,7 +117,7 @@ void Model::queue_decode(KvCache& cache, int n, bool all_rows) {
   Backend& be = backend_;
   const AttentionShape shape{B, n, config_.n_head, config_.head_dim()};
   const PositionContext pctx{n, config_.context_length, config_.n_head, config_.head_dim(), cache.length()};
-  const Tensor past = b.inputs.tensor.rows(0, 1), tokens = b.inputs.tensor.rows(1, 1 + N);
+  const Tensor past = b.inputs.rows(0, 1), tokens = b.inputs.rows(1, 1 + N);
 
   be.embedding_forward(rows(b.residual), tokens, weight(wte_));
   for (int l = 0; l < config_.n_layer; ++l) {
@@ -121,10 +131,11 @@ void Model::queue_decode(KvCache& cache, int n, bool all_rows) {
                                           pparams, layer});
     });
   }
-  be.rmsnorm_forward(rows(b.final_norm), rows(b.final_rstd), rows(b.residual), weight(final_norm_), config_.norm_eps);
   if (all_rows || n == 1) {
-    be.matmul(b.logits.tensor.rows(0, all_rows ? N : B), rows(b.final_norm), weight(wte_), false, true);
+    be.rmsnorm_matmul(b.logits.tensor.rows(0, N), rows(b.final_norm), rows(b.final_rstd), rows(b.residual),
+                      weight(final_norm_), config_.norm_eps, weight(wte_));
   } else {
+    be.rmsnorm_forward(rows(b.final_norm), rows(b.final_rstd), rows(b.residual), weight(final_norm_), config_.norm_eps);
     for (int s = 0; s < B; ++s) {
       const std::int64_t last = std::int64_t(s) * n + n - 1;
       be.matmul(b.logits.tensor.rows(s, s + 1), b.final_norm.tensor.rows(last, last + 1), weight(wte_), false, true);
@@ -186,7 +197,7 @@ std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> t
   std::vector<std::int32_t> inputs(std::size_t(1 + N));
   inputs[0] = cache.length();
   std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
-  be.copy_from_host(b.inputs.tensor.rows(0, 1 + N), inputs.data());
+  be.copy_from_host(b.inputs.rows(0, 1 + N), inputs.data());
   run_decode(cache, n, all_rows);
   cache.greedy_fed_ = false;
 
@@ -211,16 +222,14 @@ std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> t
 
 // Chooses each sequence's next token from the call's logits into b.inputs (the next step's
 // tokens) and queues their copy to the next host slot.
-void Model::queue_choice(KvCache& cache) {
+void Model::queue_choice(KvCache& cache, int n) {
   KvCache::Buffers& b = *cache.buffers_;
   Backend& be = backend_;
   const int B = cache.batch();
-  const Tensor ids = b.inputs.tensor.rows(1, 1 + B);
-  be.greedy_tokens(ids, b.log_probs.tensor, b.logits.tensor.rows(0, B), config_.vocab_size);
+  be.greedy_tokens(b.inputs.rows(1, 1 + B), b.log_probs, b.logits.tensor.rows(0, B), config_.vocab_size,
+                   b.inputs.rows(0, 1), n);
   KvCache::GreedySlot& slot = b.greedy[std::size_t(b.greedy_queued % 2)];
-  auto* host = static_cast<std::byte*>(slot.host.get());
-  be.copy_to_host_async(host + sizeof(std::int32_t), ids);
-  be.copy_to_host_async(host + sizeof(std::int32_t) * std::size_t(1 + B), b.log_probs.tensor);
+  be.copy_to_host_async(slot.host.get(), b.feed.tensor.rows(0, b.choice_words + 1 + B));
   slot.copied->record();
   ++b.greedy_queued;
   cache.greedy_fed_ = true;
@@ -234,21 +243,17 @@ void Model::queue_greedy(KvCache& cache, std::span<const std::int32_t> tokens, i
   reserve_decode(cache, N);
   reserve_decode_logits(cache, B);
   KvCache::Buffers& b = *cache.buffers_;
-  if (b.log_probs.tensor.empty()) {
-    const DType stat = backend_.dtypes().statistic;
-    b.log_probs = allocate_tensor(backend_, {B}, stat);
-    const std::size_t bytes = sizeof(std::int32_t) * std::size_t(1 + B) + dtype_size(stat) * std::size_t(B);
+  if (!b.greedy[0].host)
     for (KvCache::GreedySlot& slot : b.greedy) {
-      slot.host = backend_.allocate_host(bytes);
+      slot.host = backend_.allocate_host(sizeof(std::int32_t) * std::size_t(b.choice_words + 1 + B));
       slot.copied = backend_.make_fence();
     }
-  }
   std::vector<std::int32_t> inputs(std::size_t(1 + N));
   inputs[0] = cache.length();
   std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
-  backend_.copy_from_host(b.inputs.tensor.rows(0, 1 + N), inputs.data());
+  backend_.copy_from_host(b.inputs.rows(0, 1 + N), inputs.data());
   run_decode(cache, n, false);
-  queue_choice(cache);
+  queue_choice(cache, n);
 }
 
 void Model::queue_greedy(KvCache& cache) {
@@ -260,12 +265,8 @@ void Model::queue_greedy(KvCache& cache) {
   if (cache.length() + 1 > cache.capacity())
     throw std::invalid_argument(fmt::format("decode: {} cached + 1 new position exceed the cache's {}",
                                             cache.length(), cache.capacity()));
-  // The cached length reaches the step through this call's slot, free since its last call was read.
-  KvCache::GreedySlot& slot = b.greedy[std::size_t(b.greedy_queued % 2)];
-  *static_cast<std::int32_t*>(slot.host.get()) = cache.length();
-  backend_.copy_from_host_async(b.inputs.tensor.rows(0, 1), slot.host.get());
-  run_decode(cache, 1, false);
-  queue_choice(cache);
+  run_decode(cache, 1, false);  // its cached length and tokens are where the last choice left them
+  queue_choice(cache, 1);
 }
 
 Model::GreedyChoice Model::read_greedy(KvCache& cache) {
@@ -279,15 +280,14 @@ Model::GreedyChoice Model::read_greedy(KvCache& cache) {
   const auto* host = static_cast<const std::byte*>(slot.host.get());
   GreedyChoice choice;
   choice.ids.resize(B);
-  std::memcpy(choice.ids.data(), host + sizeof(std::int32_t), B * sizeof(std::int32_t));
-  const std::byte* log_probs = host + sizeof(std::int32_t) * (1 + B);
+  std::memcpy(choice.ids.data(), host + sizeof(std::int32_t) * std::size_t(b.choice_words + 1), B * sizeof(std::int32_t));
   choice.log_probs.resize(B);
   for (std::size_t s = 0; s < B; ++s) {
-    if (b.log_probs.tensor.dtype == DType::f64) {
-      std::memcpy(&choice.log_probs[s], log_probs + s * sizeof(double), sizeof(double));
+    if (b.log_probs.dtype == DType::f64) {
+      std::memcpy(&choice.log_probs[s], host + s * sizeof(double), sizeof(double));
     } else {
       float value;
-      std::memcpy(&value, log_probs + s * sizeof(float), sizeof(float));
+      std::memcpy(&value, host + s * sizeof(float), sizeof(float));
       choice.log_probs[s] = value;
     }
     if (!std::isfinite(choice.log_probs[s]))

@@ -567,8 +567,12 @@ TEST_F(CudaOps, GreedyTokensMatchTheCpu) {
     Pair logits = pair({rows, padded}, DType::f32, values);
     Pair chosen = ids(std::vector<std::int32_t>(std::size_t(rows), -1));
     Pair log_probs = pair({rows}, DType::f32, std::vector<float>(std::size_t(rows), 0.0f));
-    gpu_->greedy_tokens(chosen.gpu.tensor, log_probs.gpu.tensor, logits.gpu.tensor, vocab);
-    cpu_->greedy_tokens(chosen.cpu.tensor, log_probs.cpu.tensor, logits.cpu.tensor, vocab);
+    Pair past = ids(std::vector<std::int32_t>{17});
+    gpu_->greedy_tokens(chosen.gpu.tensor, log_probs.gpu.tensor, logits.gpu.tensor, vocab, past.gpu.tensor, 1);
+    cpu_->greedy_tokens(chosen.cpu.tensor, log_probs.cpu.tensor, logits.cpu.tensor, vocab, past.cpu.tensor, 1);
+    std::int32_t gpu_past = 0;
+    gpu_->copy_to_host(&gpu_past, past.gpu.tensor);
+    EXPECT_EQ(gpu_past, 18) << "the next call's cached length";
     std::vector<std::int32_t> gpu_ids(std::size_t(rows), 0), cpu_ids(std::size_t(rows), 0);
     gpu_->copy_to_host(gpu_ids.data(), chosen.gpu.tensor);
     cpu_->copy_to_host(cpu_ids.data(), chosen.cpu.tensor);

@@ -333,8 +333,10 @@ TEST(CpuBackend, GreedyTokensTakeTheFirstOfTheLargestRealColumn) {
   logits[2 * padded + 4] = std::numeric_limits<double>::infinity();    // refused: id 0, NaN
   std::vector<std::int32_t> ids(rows, -7);
   std::vector<double> log_probs(rows);
+  std::vector<std::int32_t> past{40};
   backend->greedy_tokens(host_tensor(ids, {rows}), host_tensor(log_probs, {rows}), host_tensor(logits, {rows, padded}),
-                         vocab);
+                         vocab, host_tensor(past, {1}), 3);
+  EXPECT_EQ(past[0], 43) << "the next call's cached length";
   for (int n : {0, 1, 3}) {
     const double* z = logits.data() + n * padded;
     const int want = int(std::max_element(z, z + vocab) - z);
@@ -347,7 +349,7 @@ TEST(CpuBackend, GreedyTokensTakeTheFirstOfTheLargestRealColumn) {
   EXPECT_EQ(ids[2], 0);
   EXPECT_TRUE(std::isnan(log_probs[2]));
   EXPECT_THROW(backend->greedy_tokens(host_tensor(ids, {rows}), host_tensor(log_probs, {rows}),
-                                      host_tensor(logits, {rows, padded}), padded + 1),
+                                      host_tensor(logits, {rows, padded}), padded + 1, Tensor{}, 0),
                std::invalid_argument);
 }
 

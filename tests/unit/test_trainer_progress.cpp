@@ -37,7 +37,9 @@ TEST(Progress, CountsTheEvaluationsAndCheckpointsLeft) {
 }
 
 TEST(Progress, EtaWaitsForAMeasurementThenAddsEvaluationsAndCheckpoints) {
-  ProgressCosts costs{.evaluation_steps_estimate = 5.0, .checkpoint_seconds_estimate = 2.0};
+  ProgressCosts costs;
+  costs.evaluation_steps_estimate = 5.0;
+  costs.checkpoint_seconds_estimate = 2.0;
   EXPECT_FALSE(eta_seconds(plan_of(100), costs, 10));
   EXPECT_EQ(format_eta(eta_seconds(plan_of(100), costs, 10)), "ETA (estimating)");
   costs.timed_steps = 9;

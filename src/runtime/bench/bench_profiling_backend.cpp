@@ -141,8 +141,9 @@ void ProfilingBackend::cross_entropy(Tensor losses, Tensor logits, Tensor target
                                      double grad_scale) {
   timed("cross_entropy", [&] { inner_.cross_entropy(losses, logits, targets, vocab_size, compute_grad, grad_scale); });
 }
-void ProfilingBackend::greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size) {
-  timed("greedy_tokens", [&] { inner_.greedy_tokens(ids, log_probs, logits, vocab_size); });
+void ProfilingBackend::greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past,
+                                     int advance) {
+  timed("greedy_tokens", [&] { inner_.greedy_tokens(ids, log_probs, logits, vocab_size, past, advance); });
 }
 double ProfilingBackend::sum_of_squares(Tensor x) {
   return timed("sum_of_squares", [&] { return inner_.sum_of_squares(x); });

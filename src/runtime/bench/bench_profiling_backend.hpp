@@ -63,7 +63,7 @@ class ProfilingBackend final : public Backend {
   }
   void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int vocab_size, bool compute_grad,
                      double grad_scale) override;
-  void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size) override;
+  void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance) override;
   double sum_of_squares(Tensor x) override;
   void sum_of_squares_into(Tensor result, Tensor x) override;
   void accumulate_sum(Tensor total, Tensor values) override;
