@@ -251,6 +251,10 @@ class Backend {
   // out = a + b (out may alias a or b).
   virtual void add(Tensor out, Tensor a, Tensor b) = 0;
 
+  // x = min(max(x, lowest), highest) in place, the bounds rounded to x's dtype (the parameter
+  // dtype: f32 on the GPU, Real on the CPU); NaN stays NaN. Projects bounded master weights.
+  virtual void clamp(Tensor x, double lowest, double highest) = 0;
+
   // Causal attention with the encoding's transform, bias and scale.
   virtual void attention_forward(const AttentionForward& args) = 0;
   virtual void attention_backward(const AttentionBackward& args) = 0;

@@ -122,6 +122,7 @@ template <class Real> class CpuBackend final : public Backend {
   void gelu_forward(Tensor out, Tensor x) override { cpu::gelu_forward<Real>(threads_, out, x); }
   void gelu_backward(Tensor dx, Tensor dout, Tensor x) override { cpu::gelu_backward<Real>(threads_, dx, dout, x); }
   void add(Tensor out, Tensor a, Tensor b) override { cpu::add<Real>(threads_, out, a, b); }
+  void clamp(Tensor x, double lowest, double highest) override { cpu::clamp<Real>(threads_, x, lowest, highest); }
   void attention_forward(const AttentionForward& args) override { cpu::attention_forward<Real>(threads_, args); }
   void attention_backward(const AttentionBackward& args) override { cpu::attention_backward<Real>(threads_, args); }
   void attention_decode(const AttentionDecode& args) override { cpu::attention_decode<Real>(threads_, args); }

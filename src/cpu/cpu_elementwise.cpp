@@ -1,6 +1,9 @@
-// Elementwise ops: GELU (tanh approximation, as in GPT-2) and addition.
+// Elementwise ops: GELU (tanh approximation, as in GPT-2), addition and clamping.
 //   gelu(x)  = ½ x (1 + tanh u),  u = √(2/π) (x + 0.044715 x³)
 //   gelu'(x) = ½ (1 + tanh u) + ½ x (1 − tanh² u) √(2/π) (1 + 3·0.044715 x²)
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "cpu/cpu_checks.hpp"
@@ -51,11 +54,21 @@ template <class Real> void add(int threads, Tensor out, Tensor a, Tensor b) {
   parallel_for(threads, a.numel(), [&](std::int64_t i) { y[i] = as[i] + bs[i]; });
 }
 
+template <class Real> void clamp(int threads, Tensor x, double lowest, double highest) {
+  check_vector("clamp", "x", x, dtype_of<Real>(), x.numel());
+  require(lowest <= highest, "clamp", fmt::format("lowest {} above highest {}", lowest, highest));
+  const Real lo = Real(lowest), hi = Real(highest);
+  Real* xs = x.as<Real>();
+  parallel_for(threads, x.numel(), [&](std::int64_t i) { xs[i] = std::clamp(xs[i], lo, hi); });
+}
+
 template void gelu_forward<float>(int, Tensor, Tensor);
 template void gelu_forward<double>(int, Tensor, Tensor);
 template void gelu_backward<float>(int, Tensor, Tensor, Tensor);
 template void gelu_backward<double>(int, Tensor, Tensor, Tensor);
 template void add<float>(int, Tensor, Tensor, Tensor);
 template void add<double>(int, Tensor, Tensor, Tensor);
+template void clamp<float>(int, Tensor, double, double);
+template void clamp<double>(int, Tensor, double, double);
 
 }  // namespace pope::cpu

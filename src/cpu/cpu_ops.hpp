@@ -32,6 +32,7 @@ void matmul(int threads, Tensor out, Tensor a, Tensor b, bool transpose_a, bool 
 template <class Real> void gelu_forward(int threads, Tensor out, Tensor x);
 template <class Real> void gelu_backward(int threads, Tensor dx, Tensor dout, Tensor x);
 template <class Real> void add(int threads, Tensor out, Tensor a, Tensor b);
+template <class Real> void clamp(int threads, Tensor x, double lowest, double highest);
 
 // cpu_attention.cpp
 template <class Real> void attention_forward(int threads, const AttentionForward& args);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "adamw.cuh"
+#include "clamp.cuh"
 #include "convert.cuh"
 #include "cross_entropy.cuh"
 #include "greedy_tokens.cuh"
@@ -480,6 +481,13 @@ class CudaBackend final : public Backend {
     check_vector("add", "b", b, DType::bf16, a.numel());
     check_vector("add", "out", out, DType::bf16, a.numel());
     launched(kernels::add(bf16_data(out), bf16_data(a), bf16_data(b), std::size_t(a.numel()), stream_), "add");
+  }
+
+  void clamp(Tensor x, double lowest, double highest) override {
+    check_vector("clamp", "x", x, DType::f32, x.numel());
+    require(lowest <= highest, "clamp", fmt::format("lowest {} above highest {}", lowest, highest));
+    launched(kernels::clamp_f32(x.as<float>(), std::size_t(x.numel()), float(lowest), float(highest), stream_),
+             "clamp");
   }
 
   // ---- attention (the attention runner's kernels) ---------------------------------------------

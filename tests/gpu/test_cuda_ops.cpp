@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numbers>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -499,6 +500,45 @@ TEST_F(CudaOps, GeluAndAddMatchCpuIncludingAliasingAndUnalignedViews) {
       EXPECT_LT(relative_error(download(*gpu_, view(x.gpu)), download(*cpu_, view(x.cpu))), kBf16Tolerance);
     }
   }
+}
+
+// Clamp in place on f32, bit for bit the CPU's (the same f32 bounds, std::clamp's comparisons:
+// NaN kept, infinities clamped), over a view that leaves its neighbours alone; bad arguments.
+TEST_F(CudaOps, ClampEqualsTheCpuBitwise) {
+  const double lowest = -2.0 * std::numbers::pi;
+  const std::int64_t n = 100003;
+  std::mt19937_64 engine(31);
+  std::normal_distribution<float> normal(-3.0f, 5.0f);
+  std::vector<float> values(std::size_t(n + 2));
+  for (float& v : values) v = normal(engine);
+  values[1] = std::numeric_limits<float>::quiet_NaN();
+  values[2] = std::numeric_limits<float>::infinity();
+  values[3] = -std::numeric_limits<float>::infinity();
+  values[4] = float(lowest);
+  values[5] = std::nextafter(float(lowest), 0.0f);
+  values[6] = -0.0f;
+  Pair x = pair({n + 2}, DType::f32, values);
+  const auto view = [&](const OwnedTensor& t) { return t.tensor.rows(1, n + 1); };
+  gpu_->clamp(view(x.gpu), lowest, 0.0);
+  cpu_->clamp(view(x.cpu), lowest, 0.0);
+  const std::vector<double> got = download(*gpu_, x.gpu.tensor), want = download(*cpu_, x.cpu.tensor);
+  EXPECT_TRUE(std::isnan(got[1]));
+  EXPECT_EQ(got[2], 0.0);
+  EXPECT_EQ(got[3], double(float(lowest)));
+  EXPECT_EQ(got.front(), double(values.front())) << "before the view";
+  EXPECT_EQ(got.back(), double(values.back())) << "after the view";
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(got[i])) << "element " << i;
+      continue;
+    }
+    ASSERT_EQ(std::signbit(got[i]), std::signbit(want[i])) << "element " << i;
+    ASSERT_EQ(got[i], want[i]) << "element " << i;
+    ASSERT_TRUE(i == 0 || i == got.size() - 1 || (got[i] >= float(lowest) && got[i] <= 0.0)) << "element " << i;
+  }
+  Pair half = pair({8}, DType::bf16, std::vector<float>(8, 1.0f));
+  expect_invalid_argument([&] { gpu_->clamp(half.gpu.tensor, lowest, 0.0); }, "clamp");
+  expect_invalid_argument([&] { gpu_->clamp(x.gpu.tensor, 0.0, lowest); }, "lowest");
 }
 
 class CudaCrossEntropy : public CudaOps {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 
 #include "cpu/cpu_backend.hpp"
 #include "cpu_gradient_check.hpp"
@@ -272,6 +273,21 @@ TEST(CpuBackend, AddAllowsAliasing) {
   EXPECT_EQ(a, (std::vector<double>{11, 22, 33}));
   std::vector<double> shorter(2);
   EXPECT_THROW(backend->add(host_tensor(out, {3}), host_tensor(shorter, {2}), host_tensor(b, {3})), std::invalid_argument);
+}
+
+// In place, bounds rounded to the dtype (float(−2π) is not double −2π), NaN kept, lowest ≤ highest.
+TEST(CpuBackend, ClampHoldsValuesToTheBoundsInPlace) {
+  const double lowest = -2.0 * std::numbers::pi;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> x = {0.5, -7.0, -1.0, 0.0, lowest, std::nextafter(0.0, 1.0), nan};
+  double_backend()->clamp(host_tensor(x, {7}), lowest, 0.0);
+  EXPECT_EQ(std::vector<double>(x.begin(), x.end() - 1), (std::vector<double>{0.0, lowest, -1.0, 0.0, lowest, 0.0}));
+  EXPECT_TRUE(std::isnan(x.back()));
+  std::vector<float> f = {-7.0f, 0.25f, -3.0f};
+  make_cpu_backend("float", 2)->clamp(host_tensor(f, {3}), lowest, 0.0);
+  EXPECT_EQ(f, (std::vector<float>{float(lowest), 0.0f, -3.0f}));
+  EXPECT_THROW(double_backend()->clamp(host_tensor(x, {7}), 0.0, lowest), std::invalid_argument);
+  EXPECT_THROW(double_backend()->clamp(host_tensor(f, {3}), lowest, 0.0), std::invalid_argument);  // float data
 }
 
 TEST(CpuBackend, CrossEntropyLossMaskingPaddingAndGradient) {

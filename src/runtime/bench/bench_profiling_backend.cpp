@@ -131,6 +131,9 @@ void ProfilingBackend::gelu_backward(Tensor dx, Tensor dout, Tensor x) {
 void ProfilingBackend::add(Tensor out, Tensor a, Tensor b) {
   timed("add", [&] { inner_.add(out, a, b); });
 }
+void ProfilingBackend::clamp(Tensor x, double lowest, double highest) {
+  timed("clamp", [&] { inner_.clamp(x, lowest, highest); });
+}
 void ProfilingBackend::attention_forward(const AttentionForward& args) {
   timed("attention_forward", [&] { inner_.attention_forward(args); });
 }

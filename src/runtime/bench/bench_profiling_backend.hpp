@@ -56,6 +56,7 @@ class ProfilingBackend final : public Backend {
   void gelu_forward(Tensor out, Tensor x) override;
   void gelu_backward(Tensor dx, Tensor dout, Tensor x) override;
   void add(Tensor out, Tensor a, Tensor b) override;
+  void clamp(Tensor x, double lowest, double highest) override;
   void attention_forward(const AttentionForward& args) override;
   void attention_backward(const AttentionBackward& args) override;
   std::int64_t attention_encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) const override {
