@@ -103,11 +103,13 @@ struct AttentionDecode {
   KvCacheLayer cache;
 };
 
-// One contiguous run of the parameter arena with its weight-decay flag.
+// One contiguous run of the parameter arena with its weight-decay flag and its ParamSpec's bounds
+// (AdamW, include/pope/optim.hpp, projects into them; the backends' update ignores them).
 struct ParamSegment {
   std::int64_t offset = 0;
   std::int64_t numel = 0;
   bool weight_decay = false;
+  std::optional<ParamBounds> bounds = std::nullopt;
 };
 
 struct AdamWStep {

@@ -42,7 +42,7 @@ template <> struct EnumNames<DeltaInit> {
   static constexpr std::array<std::string_view, 2> names{"zero", "uniform"};
 };
 template <> struct EnumNames<DeltaBound> {
-  static constexpr std::array<std::string_view, 2> names{"clamp", "none"};
+  static constexpr std::array<std::string_view, 3> names{"clamp", "none", "project"};
 };
 template <> struct EnumNames<PopeScale> {
   static constexpr std::array<std::string_view, 2> names{"inv_sqrt_d", "inv_sqrt_2d"};
@@ -85,7 +85,7 @@ struct PopeConfig {
   MagnitudeKind magnitude = MagnitudeKind::softplus;
   bool learn_delta = true;              // false: the "no δ" ablation (δ ≡ 0, no parameter)
   DeltaInit delta_init = DeltaInit::zero;  // uniform: U(−2π, 0)
-  DeltaBound delta_bound = DeltaBound::clamp;  // none: δ unbounded
+  DeltaBound delta_bound = DeltaBound::clamp;  // none: δ unbounded; project: clamped after each update
   PopeScale scale = PopeScale::inv_sqrt_d;
 };
 

@@ -8,8 +8,9 @@ enum class RopeScalingKind { none, pi, ntk, dynamic_ntk, yarn };
 // How PoPE turns a real channel into a magnitude μ ≥ 0 (Table 5 ablations).
 enum class MagnitudeKind { softplus, identity, relu };
 enum class DeltaInit { zero, uniform };  // δ's init; uniform: U(−2π, 0)
-// How δ keeps to [−2π, 0]: clamp acts clamped (no gradient outside); none leaves it unbounded.
-enum class DeltaBound { clamp, none };
+// How δ keeps to [−2π, 0]: clamp acts clamped (no gradient outside); none leaves it unbounded;
+// project acts as stored, like none, and the optimizer clamps it back after every update.
+enum class DeltaBound { clamp, none, project };
 enum class PopeScale { inv_sqrt_d, inv_sqrt_2d };
 enum class PjRho { linear, lightcone };  // the affine PJ-bias sector's ρ(Δ)
 enum class PjGateInit { affine, uniform, alibi, zero };

@@ -1,5 +1,6 @@
 // The optimizer step: learning-rate schedule, global-norm clipping and AdamW (decoupled
-// weight decay on 2-D weight matrices only), with fp32 state in the parameter dtype.
+// weight decay on 2-D weight matrices only), with fp32 state in the parameter dtype, and the
+// projection of bounded parameters (ParamSpec::bounds) back into their bounds after it.
 #pragma once
 
 #include <array>
@@ -52,7 +53,8 @@ class AdamW {
   std::array<double, kStepScheduleSize> schedule(long step, double lr) const;
   // Queues the squared gradient norm into stats[kStatsGradSquares] and the guarded AdamW
   // update, which skips itself when that norm or stats[kStatsLossSum] is not finite and
-  // records the outcome in stats[kStatsApplied]. Reads nothing back.
+  // records the outcome in stats[kStatsApplied], then clamps the parameters with bounds into
+  // them (after a skipped update too, which changes nothing already inside). Reads nothing back.
   // before_gather, if given, is recorded after the update, before ZeRO-1's all-gather (for
   // timing the two; unsharded, nothing follows it).
   void step_on_device(Tensor schedule, Tensor stats, Fence* before_gather = nullptr);

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,8 +57,15 @@ struct Tensor {
 // Owned device or host memory; freed by the deleter the backend supplies.
 using Buffer = std::shared_ptr<void>;
 
+// The closed interval [lowest, highest] that the optimizer projects a parameter back into after
+// every update (projected gradient descent), both rounded to the parameter dtype.
+struct ParamBounds {
+  double lowest = 0.0;
+  double highest = 0.0;
+};
+
 // Trainable parameter description: name as stored in checkpoints, shape, whether AdamW's
-// decoupled weight decay applies (2-D weight matrices only), and its initialiser.
+// decoupled weight decay applies (2-D weight matrices only), its initialiser and its bounds.
 enum class InitKind : std::uint8_t { normal, ones, zeros, uniform, custom };
 struct ParamSpec {
   std::string name;
@@ -66,6 +74,7 @@ struct ParamSpec {
   InitKind init = InitKind::normal;
   double init_a = 0.0;  // normal: std; uniform: low; ones/zeros: unused
   double init_b = 0.0;  // uniform: high
+  std::optional<ParamBounds> bounds = std::nullopt;  // none: unbounded
 };
 
 // All parameters in one contiguous allocation (so optimizer, gradient norm, all-reduce

@@ -205,7 +205,7 @@ std::vector<ParamSegment> Model::segments() const {
   std::vector<ParamSegment> segments;
   for (std::size_t i = 0; i < layout_.specs().size(); ++i) {
     const auto& spec = layout_.specs()[i];
-    segments.push_back({layout_.offset(i), shape_numel(spec.shape), spec.weight_decay});
+    segments.push_back({layout_.offset(i), shape_numel(spec.shape), spec.weight_decay, spec.bounds});
   }
   return segments;
 }

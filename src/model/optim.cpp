@@ -44,16 +44,30 @@ std::string describe_schedule_change(const OptimConfig& config, long resume_step
 namespace {
 
 // The segments' parts inside [begin, end), with offsets relative to begin: a tensor cut by
-// a shard edge keeps its weight-decay flag on both sides.
+// a shard edge keeps its weight-decay flag and bounds on both sides.
 std::vector<ParamSegment> segments_within(std::span<const ParamSegment> segments, std::int64_t begin,
                                           std::int64_t end) {
   std::vector<ParamSegment> cut;
   for (const ParamSegment& segment : segments) {
     const std::int64_t first = std::max(segment.offset, begin);
     const std::int64_t last = std::min(segment.offset + segment.numel, end);
-    if (first < last) cut.push_back({first - begin, last - first, segment.weight_decay});
+    if (first < last) cut.push_back({first - begin, last - first, segment.weight_decay, segment.bounds});
   }
   return cut;
+}
+
+// Projected gradient descent: each bounded segment of an updated chunk is clamped into its
+// bounds, and its compute copy (if any) converted again from the clamped masters, as the update
+// itself converts them. Queued on the backend's stream after the update, so that a recorded step
+// holds it and, sharded, the owner's projected values are what the ranks gather.
+void project_into_bounds(Backend& be, std::span<const ParamSegment> segments, const Tensor& params,
+                         const Tensor& compute) {
+  for (const ParamSegment& segment : segments) {
+    if (!segment.bounds) continue;
+    const Tensor master = params.rows(segment.offset, segment.offset + segment.numel);
+    be.clamp(master, segment.bounds->lowest, segment.bounds->highest);
+    if (compute.data != nullptr) be.convert(compute.rows(segment.offset, segment.offset + segment.numel), master);
+  }
 }
 
 }  // namespace
@@ -125,7 +139,8 @@ std::array<double, kStepScheduleSize> AdamW::schedule(long step, double lr) cons
 // the forward reads in fp32 (positional parameters) are broadcast by their owners. The other
 // masters outside this rank's shard are then stale until gather_master_weights()
 // (checkpoints). Without a separate compute copy (the CPU backend) the masters themselves are
-// gathered the same way.
+// gathered the same way. A rank projects the bounded parameters of each chunk before that
+// chunk is gathered, so every rank receives the owner's projected values, bit for bit.
 void AdamW::step_on_device(Tensor schedule, Tensor stats, Fence* before_gather) {
   Backend& be = model_.backend();
   const Tensor grads = shard_of(model_.padded_gradients());
@@ -144,6 +159,7 @@ void AdamW::step_on_device(Tensor schedule, Tensor stats, Fence* before_gather) 
     const auto part = [&](const Tensor& t) { return t.data == nullptr ? t : t.rows(chunk.begin, chunk.end); };
     be.adamw_guarded(part(params), part(grads), part(m_.tensor), part(v_.tensor), chunk.segments, hyper, schedule,
                      stats, part(compute));
+    project_into_bounds(be, chunk.segments, part(params), part(compute));
     if (sharded()) shard_over_->broadcast_async(chunk.gather);
   }
   if (before_gather != nullptr) before_gather->record();

@@ -62,7 +62,8 @@ class RopeEncoding final : public PositionEncodingImpl<RopeEncoding> {
 // Parameter "delta" [n_head, d] (no weight decay) unless learn_delta is false. With
 // delta_bound clamp (the default) δ outside [−2π, 0] acts as the nearest bound and gets zero
 // gradient; on the bounds it gets the full gradient (δ starts at exactly 0). With none δ acts
-// as stored and always gets its gradient.
+// as stored and always gets its gradient; project does the same and gives δ the bounds
+// [−2π, 0] (ParamSpec::bounds), into which the optimizer clamps it after every update.
 class PopeEncoding final : public PositionEncodingImpl<PopeEncoding> {
  public:
   explicit PopeEncoding(PopeConfig config);  // throws ConfigError on bad options

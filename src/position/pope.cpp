@@ -41,7 +41,8 @@ double magnitude_derivative(MagnitudeKind kind, double x) {
 }
 
 bool delta_in_range(double delta) { return delta >= -kTwoPi && delta <= 0.0; }
-// δ as the phase takes it: clamped to [−2π, 0] under DeltaBound::clamp, else as stored.
+// δ as the phase takes it: clamped to [−2π, 0] under DeltaBound::clamp, else as stored (project
+// keeps it there by clamping after each update instead).
 double acting_delta(DeltaBound bound, double delta) {
   return bound == DeltaBound::clamp ? std::clamp(delta, -kTwoPi, 0.0) : delta;
 }
@@ -84,6 +85,7 @@ std::vector<ParamSpec> PopeEncoding::layer_parameters(int n_head, int head_dim) 
     delta.init_a = -kTwoPi;
     delta.init_b = 0.0;
   }
+  if (config_.delta_bound == DeltaBound::project) delta.bounds = ParamBounds{-kTwoPi, 0.0};
   return {delta};
 }
 

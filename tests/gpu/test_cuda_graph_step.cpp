@@ -1,7 +1,8 @@
 // A training step without host synchronisation on the GPU: the device-side step ops against
 // the CPU reference and against plain AdamW, and TrainStep recorded in a CUDA graph: replays
 // give the same parameters as eager steps (bitwise; PoPE, and PJ-RoPE's `full`, whose bias
-// kernels run on a side stream), a non-finite step is skipped on the device, replays allocate
+// kernels run on a side stream), PoPE's δ projected into its bounds inside the recording
+// (delta_bound project), a non-finite step is skipped on the device, replays allocate
 // nothing, and a reallocation of the activations is noticed; timed fences and phase timing
 // (eager, the same results).
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <string>
 
 #include "cuda/cuda_device.hpp"
@@ -72,15 +74,15 @@ std::vector<StepBatch> random_batches(int steps, int vocab) {
 double learning_rate_at(long step) { return 1e-3 / double(step); }
 
 struct TrainedRun {
-  std::vector<float> params, m, v;
+  std::vector<float> params, compute, m, v;  // compute: the compute copy (the masters without one)
   std::vector<double> loss_sums;
 };
 
 // `steps` optimizer steps through TrainStep, recorded in a graph or all eager (also when
 // timing the phases, which are checked to be measured).
 TrainedRun train(Backend& backend, const std::vector<StepBatch>& batches, bool use_graph, bool time_phases = false,
-                 const std::string& kind = "pope") {
-  Model model(small_model(kind), backend);
+                 const ModelConfig& config = small_model()) {
+  Model model(config, backend);
   model.initialize(9);
   AdamW adamw(model, clipping_optimizer());
   TrainStep step(model, adamw, kShape, use_graph);
@@ -107,6 +109,7 @@ TrainedRun train(Backend& backend, const std::vector<StepBatch>& batches, bool u
   }
   backend.synchronize();
   run.params = model.parameters_to_host();
+  run.compute = tensor_to_host_f32(backend, model.compute_weights());
   run.m = adamw.first_moment_to_host();
   run.v = adamw.second_moment_to_host();
   return run;
@@ -242,8 +245,8 @@ TEST_F(CudaGraphStep, ReplayedStepsEqualEagerStepsBitwise) {
   for (const std::string kind : {"pope", "full"}) {
     SCOPED_TRACE(kind);
     const auto batches = random_batches(5, small_model(kind).vocab_size);
-    const TrainedRun eager = train(*gpu_, batches, false, false, kind);
-    const TrainedRun graph = train(*gpu_, batches, true, false, kind);
+    const TrainedRun eager = train(*gpu_, batches, false, false, small_model(kind));
+    const TrainedRun graph = train(*gpu_, batches, true, false, small_model(kind));
     EXPECT_EQ(graph.loss_sums, eager.loss_sums);
     EXPECT_EQ(graph.params, eager.params);
     EXPECT_EQ(graph.m, eager.m);
@@ -254,6 +257,45 @@ TEST_F(CudaGraphStep, ReplayedStepsEqualEagerStepsBitwise) {
     const double first_mean = eager.loss_sums[0] / double(unmasked);
     EXPECT_NEAR(first_mean, std::log(500.0), 1.0);
   }
+}
+
+// delta_bound project with δ starting at 0, so that the first steps carry entries past 0: the
+// recorded steps hold the projection (replays equal eager steps bitwise), every δ lies in
+// [−2π, 0] (f32) with some exactly on 0 where delta_bound none leaves some above it, the bf16
+// compute copy of δ is the rounding of its projected master, and the losses follow the CPU's.
+TEST_F(CudaGraphStep, RecordedStepsProjectPopeDeltaIntoItsBounds) {
+  ModelConfig config = small_model();
+  config.position.pope.delta_init = DeltaInit::zero;
+  const auto batches = random_batches(5, config.vocab_size);
+  config.position.pope.delta_bound = DeltaBound::none;
+  const TrainedRun unbounded = train(*gpu_, batches, true, false, config);
+  config.position.pope.delta_bound = DeltaBound::project;
+  const TrainedRun eager = train(*gpu_, batches, false, false, config);
+  const TrainedRun graph = train(*gpu_, batches, true, false, config);
+  const TrainedRun cpu = train(*cpu_, batches, false, false, config);
+  EXPECT_EQ(graph.params, eager.params);
+  EXPECT_EQ(graph.compute, eager.compute);
+  ASSERT_EQ(graph.loss_sums.size(), cpu.loss_sums.size());
+  for (std::size_t s = 0; s < cpu.loss_sums.size(); ++s)
+    EXPECT_NEAR(graph.loss_sums[s], cpu.loss_sums[s], 2e-2 * cpu.loss_sums[s]) << "step " << s + 1;
+  const float lowest = float(-2.0 * std::numbers::pi);
+  const ParameterLayout layout = build_parameter_layout(config, *make_position_encoding(config));
+  int on_zero = 0, above_unbounded = 0, cpu_on_zero = 0;
+  for (int l = 0; l < config.n_layer; ++l) {
+    const std::size_t index = layout.index_of("layers." + std::to_string(l) + ".position.delta");
+    const std::size_t first = std::size_t(layout.offset(index));
+    for (std::size_t i = first; i < first + std::size_t(shape_numel(layout.specs()[index].shape)); ++i) {
+      ASSERT_TRUE(graph.params[i] >= lowest && graph.params[i] <= 0.0f) << "δ " << graph.params[i] << " at " << i;
+      ASSERT_TRUE(cpu.params[i] >= lowest && cpu.params[i] <= 0.0f) << "CPU δ " << cpu.params[i] << " at " << i;
+      ASSERT_EQ(graph.compute[i], bf16_to_float(float_to_bf16(graph.params[i]))) << "compute copy of δ at " << i;
+      on_zero += graph.params[i] == 0.0f;
+      cpu_on_zero += cpu.params[i] == 0.0f;
+      above_unbounded += unbounded.params[i] > 0.0f;
+    }
+  }
+  EXPECT_GT(on_zero, 0);
+  EXPECT_GT(cpu_on_zero, 0);
+  EXPECT_GT(above_unbounded, 0);
 }
 
 TEST_F(CudaGraphStep, TimedStepsGiveTheEagerResultsAndTheirPhases) {

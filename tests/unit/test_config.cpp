@@ -466,7 +466,7 @@ TEST(Config, BadEnumListsTheAllowedValues) {
   expect_json_error({{"optim", {{"schedule", "step"}}}}, "optim.schedule", {"cosine, linear, constant"});
   expect_json_error({{"attention", {{"impl", "flash"}}}}, "attention.impl", {"expected one of fused, cudnn"});
   expect_json_error({{"model", {{"position", {{"pope", {{"delta_bound", "wrap"}}}}}}}},
-                    "model.position.pope.delta_bound", {"expected one of clamp, none", "\"wrap\""});
+                    "model.position.pope.delta_bound", {"expected one of clamp, none, project", "\"wrap\""});
   expect_json_error({{"optim", {{"schedule", 3}}}}, "optim.schedule", {"expected a string"});
 }
 
@@ -649,7 +649,8 @@ TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
   const std::vector<std::function<void(RunConfig&)>> result_changing = {
       [](RunConfig& c) { c.optim.lr = 5e-4; }, [](RunConfig& c) { c.model.position.kind = "rope"; },
       [](RunConfig& c) { c.train.seed = 1; }, [](RunConfig& c) { c.data.train = "other.bin"; },
-      [](RunConfig& c) { c.model.position.pope.delta_bound = DeltaBound::none; }};
+      [](RunConfig& c) { c.model.position.pope.delta_bound = DeltaBound::none; },
+      [](RunConfig& c) { c.model.position.pope.delta_bound = DeltaBound::project; }};
   for (const auto& change : result_changing) {
     RunConfig changed;
     change(changed);

@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <limits>
+#include <numbers>
+#include <string>
+#include <vector>
 
 #include "pope/optim.hpp"
 #include "model_shape.hpp"
@@ -82,4 +85,45 @@ TEST(AdamWStep, NonFiniteGradientLeavesEverythingUntouched) {
   EXPECT_EQ(model.parameters_to_host(), before);
   const auto m = adamw.first_moment_to_host();
   for (float x : m) ASSERT_EQ(x, 0.0f);
+}
+
+// PoPE's δ under delta_bound project: an update that carries an entry past a bound leaves it
+// exactly on that bound (rounded to the parameter dtype), one that stays inside is untouched;
+// under none both leave it past. AdamW's first step moves each entry by ≈ lr against its
+// gradient's sign.
+TEST(AdamWStep, ProjectsPopeDeltaBackIntoItsBounds) {
+  const float lowest = float(-2.0 * std::numbers::pi);
+  const double lr = 0.01;
+  for (const std::string precision : {"double", "float"})
+    for (const DeltaBound bound : {DeltaBound::project, DeltaBound::none}) {
+      SCOPED_TRACE(precision + ", delta_bound " + std::string(name_of(bound)));
+      auto backend = make_backend(DeviceChoice::cpu, precision, 1);
+      ModelConfig config = small_model();
+      config.position.kind = "pope";
+      config.position.pope.delta_bound = bound;
+      Model model(config, *backend);
+      model.initialize(1);
+      AdamW adamw(model, OptimConfig{});
+      const Tensor delta = model.layout().view(model.parameters(), "layers.0.position.delta");
+      const Tensor grad = model.layout().view(model.gradients(), "layers.0.position.delta");
+      std::vector<float> values(std::size_t(delta.numel()), 0.0f), grads(values.size(), 0.0f);
+      values[1] = lowest + 0.0005f;
+      grads[0] = -1.0f;  // up past 0
+      grads[1] = 1.0f;   // down past −2π
+      grads[2] = 1.0f;   // down, inside
+      tensor_from_host_f32(*backend, delta, values);
+      model.zero_gradients();
+      tensor_from_host_f32(*backend, grad, grads);
+      ASSERT_TRUE(adamw.step(1, lr).applied);
+      const std::vector<float> after = tensor_to_host_f32(*backend, delta);
+      if (bound == DeltaBound::project) {
+        EXPECT_EQ(after[0], 0.0f);
+        EXPECT_EQ(after[1], lowest);
+      } else {
+        EXPECT_NEAR(after[0], lr, 1e-6);
+        EXPECT_NEAR(after[1], lowest + 0.0005f - lr, 1e-5);
+      }
+      EXPECT_NEAR(after[2], -lr, 1e-6);
+      EXPECT_EQ(after[3], 0.0f);  // no gradient: no move
+    }
 }

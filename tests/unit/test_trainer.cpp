@@ -85,6 +85,20 @@ TEST_F(TrainerTest, ValidationsLogTheShareOfPopeDeltaOnAndPastItsBounds) {
   for (std::string line; std::getline(rope_metrics, line);) EXPECT_EQ(line.find("delta_"), std::string::npos) << line;
 }
 
+// Under delta_bound project the same steps leave no δ past [−2π, 0]: the entries that the clamp's
+// run above carries past 0 sit on it.
+TEST_F(TrainerTest, ProjectedPopeDeltaEndsOnOrInsideItsBounds) {
+  config_.train.steps = 6;
+  config_.model.position.pope.delta_bound = DeltaBound::project;
+  Trainer trainer(config_, options("run"));
+  trainer.train();
+  const std::optional<DeltaBoundShares> shares = delta_bound_shares(trainer.model());
+  ASSERT_TRUE(shares.has_value());
+  EXPECT_EQ(shares->outside, 0.0);
+  EXPECT_GT(shares->at_bound, 0.0);
+  EXPECT_LT(shares->at_bound, 1.0);
+}
+
 // With train.phase_timing every "train" record carries the window's mean milliseconds per phase
 // (a single CPU rank: no reduction or gather to wait for), and the losses are those of an
 // untimed run.

@@ -2,13 +2,16 @@
 // the AdamW state over 2 or 3 ranks gives the weights of the unsharded optimizer, shard
 // edges cutting tensors with and without weight decay, the arena padded to the ranks; the
 // moments gathered for a checkpoint are the whole arena's, and a sharded run resumed from them
-// continues as the unsharded one does.
+// continues as the unsharded one does; PoPE's δ projected into [−2π, 0] (delta_bound project)
+// by its shard's owner reaches every rank bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <numbers>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,7 +26,11 @@ namespace {
 
 // Every tensor's size is a multiple of n_embd: 25 makes an arena that does not split evenly
 // over 3 ranks, so that the padding is exercised (PoPE takes odd head widths).
-ModelConfig tiny_model() { return pope::testing::model_config({.n_head = 5, .n_embd = 25}, "pope"); }
+ModelConfig tiny_model(DeltaBound bound = DeltaBound::clamp) {
+  ModelConfig config = pope::testing::model_config({.n_head = 5, .n_embd = 25}, "pope");
+  config.position.pope.delta_bound = bound;
+  return config;
+}
 
 OptimConfig optim_config() {
   OptimConfig c;
@@ -54,7 +61,7 @@ struct RankResult {
 // kSteps steps of a global batch of 6 micro-batches on `ranks` thread ranks (6 / ranks each),
 // sharded or not; then, when `resume_steps` > 0, every rank reloads the gathered moments into
 // a fresh optimizer and model and runs that many more steps.
-std::vector<RankResult> train(int ranks, bool sharded, int resume_steps = 0) {
+std::vector<RankResult> train(int ranks, bool sharded, int resume_steps = 0, DeltaBound bound = DeltaBound::clamp) {
   const int per_rank = 6 / ranks;
   auto world = std::make_shared<pope::testing::ThreadWorld>(ranks);
   std::vector<RankResult> results(static_cast<std::size_t>(ranks));
@@ -78,7 +85,7 @@ std::vector<RankResult> train(int ranks, bool sharded, int resume_steps = 0) {
             EXPECT_TRUE(step.result(s).optimizer.applied);
           }
         };
-        Model model(tiny_model(), *backend, sharded ? ranks : 1);
+        Model model(tiny_model(bound), *backend, sharded ? ranks : 1);
         model.initialize(7);
         AdamW adamw(model, optim_config(), sharded ? &communicator : nullptr);
         run(model, adamw, 1, kSteps);
@@ -87,7 +94,7 @@ std::vector<RankResult> train(int ranks, bool sharded, int resume_steps = 0) {
         result.m = adamw.first_moment_to_host();
         result.v = adamw.second_moment_to_host();
         if (resume_steps > 0) {
-          Model resumed(tiny_model(), *backend, sharded ? ranks : 1);
+          Model resumed(tiny_model(bound), *backend, sharded ? ranks : 1);
           resumed.parameters_from_host(model.parameters_to_host());
           AdamW resumed_adamw(resumed, optim_config(), sharded ? &communicator : nullptr);
           resumed_adamw.moments_from_host(result.m, result.v);
@@ -154,6 +161,35 @@ TEST_P(ZeroOptimizer, AShardedRunResumedFromGatheredMomentsContinuesLikeTheUnsha
   const auto reference = train(1, false, 2);
   const auto sharded = train(ranks, true, 2);
   expect_close(reference[0].weights, sharded[0].weights, "weights after the resumed steps");
+}
+
+// δ starts at 0 and every step pushes some entries up: projected, no entry ends above 0 and some
+// sit on 0 exactly; under delta_bound none some end above it (the projection is what holds them).
+TEST_P(ZeroOptimizer, ProjectedDeltaIsTheSameOnEveryRankAndStaysInItsBounds) {
+  const int ranks = GetParam();
+  const auto reference = train(1, false, 0, DeltaBound::project);
+  const auto sharded = train(ranks, true, 0, DeltaBound::project);
+  const auto unbounded = train(1, false, 0, DeltaBound::none);
+  const ModelConfig config = tiny_model(DeltaBound::project);
+  const ParameterLayout layout = build_parameter_layout(config, *make_position_encoding(config));
+  const auto deltas = [&](const std::vector<float>& weights) {
+    std::vector<float> values;
+    for (int l = 0; l < config.n_layer; ++l) {
+      const std::size_t index = layout.index_of("layers." + std::to_string(l) + ".position.delta");
+      const auto first = weights.begin() + layout.offset(index);
+      values.insert(values.end(), first, first + shape_numel(layout.specs()[index].shape));
+    }
+    return values;
+  };
+  for (int r = 0; r < ranks; ++r)
+    EXPECT_EQ(sharded[std::size_t(r)].weights, sharded[0].weights) << "rank " << r << " holds other weights";
+  expect_close(reference[0].weights, sharded[0].weights, "weights");
+  const std::vector<float> projected = deltas(sharded[0].weights), free = deltas(unbounded[0].weights);
+  const float lowest = float(-2.0 * std::numbers::pi);
+  EXPECT_TRUE(std::all_of(projected.begin(), projected.end(), [&](float d) { return d >= lowest && d <= 0.0f; }));
+  EXPECT_TRUE(std::any_of(projected.begin(), projected.end(), [](float d) { return d == 0.0f; }));
+  EXPECT_TRUE(std::any_of(projected.begin(), projected.end(), [](float d) { return d < 0.0f; }));
+  EXPECT_TRUE(std::any_of(free.begin(), free.end(), [](float d) { return d > 0.0f; }));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroOptimizer, ::testing::Values(2, 3));
