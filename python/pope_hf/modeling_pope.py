@@ -367,7 +367,8 @@ class PositionEncoding(nn.Module):
             self.pope = _require(position, "pope", "model.position")
             _magnitude(self.pope["magnitude"], torch.zeros(1))
             bound = self.pope.get("delta_bound", "clamp")   # exports older than the key clamped δ
-            if bound not in ("clamp", "none"):
+            # project clamps δ after each training update only: its forward takes δ as stored, as none's does.
+            if bound not in ("clamp", "none", "project"):
                 raise PopeConfigError(f"model.position.pope.delta_bound: unknown bound '{bound}'")
             self.clamp_delta = bound == "clamp"
             if self.pope["learn_delta"]:

@@ -164,6 +164,7 @@ cases+=(
   "pope_relu_no_delta|--set model.position.pope.magnitude=relu --set model.position.pope.learn_delta=false|"
   "pope_uniform_delta|--set model.position.pope.delta_init=uniform --set model.position.pope.base=500|"
   "pope_delta_unbounded|--set model.position.pope.delta_bound=none|"
+  "pope_delta_projected|--set model.position.pope.delta_bound=project|"
   "alibi_half_of_4|--set model.position.kind=alibi --set model.n_head=4 --set model.position.alibi.head_fraction=0.5|"
   "alibi_6_heads|--set model.position.kind=alibi --set model.n_embd=48 --set model.n_head=6|"
   "full_k1_lightcone|--set model.position.kind=full --set model.position.pj.order=1 --set model.position.pj.rho=lightcone|"
