@@ -233,7 +233,8 @@ nlohmann::json config_to_json(const RunConfig& config);
 void apply_override(nlohmann::json& json, const std::string& assignment);
 void validate(const RunConfig& config);  // ranges and cross-field rules; throws ConfigError
 
-// Stable hash of the resolved config (hex), stored in checkpoints to detect mismatched resumes.
+// Stable hash of the resolved config (hex), stored in checkpoints to detect mismatched resumes:
+// without the unhashed keys, and without the keys hashed unless_default that hold their default.
 std::string config_hash(const RunConfig& config);
 // A hashed key whose value differs between two configs, the values as JSON text.
 struct ConfigChange {

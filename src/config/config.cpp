@@ -281,11 +281,13 @@ int RunConfig::grad_accumulation(int world_size) const {
 
 std::string config_hash(const RunConfig& config) {
   nlohmann::json resolved = config_to_json(config);
+  const nlohmann::json defaults = config_to_json(RunConfig{});
+  using config_schema::Hashed;
   for (const config_schema::Field& field : config_schema::fields()) {
-    if (field.hashed == config_schema::Hashed::no) {
-      const auto pointer = config_schema::pointer_to(field.path);
+    const auto pointer = config_schema::pointer_to(field.path);
+    const bool at_default = resolved.at(pointer) == defaults.at(pointer);
+    if (field.hashed == Hashed::no || (field.hashed == Hashed::unless_default && at_default))
       resolved[pointer.parent_pointer()].erase(pointer.back());
-    }
   }
   // nlohmann::json objects are key-sorted and numbers print in shortest round-trip form,
   // so the compact dump is a canonical text of the config.

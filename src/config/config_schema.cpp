@@ -65,7 +65,7 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(model.position.pope.magnitude)},
       {POPE_CONFIG_KEY(model.position.pope.learn_delta)},
       {POPE_CONFIG_KEY(model.position.pope.delta_init)},
-      {POPE_CONFIG_KEY(model.position.pope.delta_bound)},
+      {POPE_CONFIG_KEY(model.position.pope.delta_bound), {}, {}, Hashed::unless_default},
       {POPE_CONFIG_KEY(model.position.pope.scale)},
       {POPE_CONFIG_KEY(model.position.alibi.head_fraction), fraction()},
       {POPE_CONFIG_KEY(model.position.pj.order), between(0, kMaxPjOrder)},

@@ -56,7 +56,12 @@ using FieldAccessor =
                  Accessor<DeltaBound>, Accessor<PopeScale>, Accessor<PjRho>, Accessor<PjGateInit>, Accessor<DataKind>,
                  Accessor<LrSchedule>, Accessor<DeviceChoice>, Accessor<AttentionImpl>>;
 
-enum class Hashed { yes, no };
+// Whether a key enters the config hash, which a resume must match. unless_default: only while
+// it differs from its default, so that adding a key leaves the hash of every config that keeps
+// the default as it was, and checkpoints written before the key still resume; every hashed key
+// added from model.position.pope.delta_bound on takes it. no: may change between a run and
+// its resume.
+enum class Hashed { yes, unless_default, no };
 
 struct Field {
   std::string_view path;                 // "model.position.kind": also the member path in RunConfig

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "config/config_schema.hpp"
@@ -665,6 +666,30 @@ TEST(Config, HashIsStableAndIgnoresOnlyRunBookkeeping) {
             (std::vector<std::string>{"model.position.kind: \"" + base.model.position.kind + "\" → \"rope\"",
                                       "optim.lr: " + nlohmann::json(base.optim.lr).dump() + " → 0.0005"}));
   EXPECT_TRUE(config_hash_differences(base, all_changed).empty());
+}
+
+// A checkpoint written before model.position.pope.delta_bound existed still resumes: the key
+// enters the hash only when it differs from its default. tests/data/configs/resolved_at_21de848.json
+// is config_to_json(RunConfig{}).dump(2) printed by the tree at commit 21de848 (built apart, the
+// last commit before the key), and 7d2a0d70c6c94251 its config_hash there. The file holds every
+// key, so the defaults of today do not enter the comparison.
+TEST(Config, HashOfAConfigFromBeforeDeltaBoundIsUnchanged) {
+  std::ifstream in(fs::path(POPE_SOURCE_DIR) / "tests/data/configs/resolved_at_21de848.json");
+  const json resolved = json::parse(in);
+  ASSERT_FALSE(resolved["model"]["position"]["pope"].contains("delta_bound"));
+  const RunConfig old_run = config_from_json(resolved);
+  EXPECT_EQ(config_hash(old_run), "7d2a0d70c6c94251");
+  RunConfig clamped = old_run;
+  clamped.model.position.pope.delta_bound = DeltaBound::clamp;  // the default, spelled out
+  EXPECT_EQ(config_hash(config_from_json(config_to_json(clamped))), "7d2a0d70c6c94251");
+  for (const DeltaBound bound : {DeltaBound::none, DeltaBound::project}) {
+    RunConfig changed = old_run;
+    changed.model.position.pope.delta_bound = bound;
+    EXPECT_NE(config_hash(changed), "7d2a0d70c6c94251") << name_of(bound);
+    EXPECT_EQ(config_hash_differences(old_run, changed),
+              (std::vector<std::string>{fmt::format("model.position.pope.delta_bound: \"clamp\" → \"{}\"",
+                                                    name_of(bound))}));
+  }
 }
 
 TEST(Config, GradAccumulationSplitsTheGlobalBatch) {

@@ -12,6 +12,7 @@
 #include <numbers>
 #include <optional>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "pope/train.hpp"
@@ -225,14 +226,26 @@ TEST_F(TrainerTest, ResumeWithAnotherPositionKindNamesTheKey) {
   EXPECT_EQ(message.find("tensor"), std::string::npos) << message;
 }
 
-// δ's bound changes what the model computes from the same weights: a resume under another is refused.
+// δ's bound changes what the model computes from the same weights: a resume under another is
+// refused naming the key, also for a run whose config.json predates the key (its default, clamp,
+// leaves the hash as it was then, so that such a run resumes under clamp).
 TEST_F(TrainerTest, ResumeWithAnotherDeltaBoundNamesTheKey) {
   Trainer(config_, options("run", "", 2)).train();
-  config_.model.position.pope.delta_bound = DeltaBound::none;
-  const std::string message = pope::testing::thrown_message<ConfigError>([&] { Trainer(config_, options("run", "auto")); });
-  EXPECT_NE(message.find("(model.position.pope.delta_bound = \"clamp\", this config says \"none\")"),
-            std::string::npos)
-      << message;
+  const std::filesystem::path run_config = dir_ / "run" / "config.json";
+  nlohmann::json saved = nlohmann::json::parse(std::ifstream(run_config));
+  ASSERT_EQ(saved["model"]["position"]["pope"].erase("delta_bound"), 1u);
+  std::ofstream(run_config) << saved.dump(2);
+  for (const DeltaBound bound : {DeltaBound::none, DeltaBound::project}) {
+    config_.model.position.pope.delta_bound = bound;
+    const std::string message =
+        pope::testing::thrown_message<ConfigError>([&] { Trainer(config_, options("run", "auto")); });
+    EXPECT_NE(message.find(fmt::format("(model.position.pope.delta_bound = \"clamp\", this config says \"{}\")",
+                                       name_of(bound))),
+              std::string::npos)
+        << message;
+  }
+  config_.model.position.pope.delta_bound = DeltaBound::clamp;
+  EXPECT_EQ(Trainer(config_, options("run", "auto")).step(), 2);
 }
 
 // A resume under a larger train.steps stretches the decay: one warning names both ends and
