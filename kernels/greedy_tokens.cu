@@ -1,7 +1,9 @@
-// One block per row; each thread keeps the best (logit, column) of its columns and an online
-// Σ 2^((z − best)·log2 e) rescaled when its best grows, then the block combines them (ties to the
-// lower column, so the choice is the host argmax's: the first of the largest).
+// One block per row, reading the row in 16-byte loads where it is aligned. Each thread keeps the
+// best (logit, column) of its columns and an online Σ 2^((z − best)·log2 e), rescaled when its best
+// grows; then the block combines them (ties to the lower column, so the choice is the host
+// argmax's: the first of the largest).
 #include <climits>
+#include <cstdint>
 #include <math.h>
 
 #include "block_reduce.cuh"
@@ -14,6 +16,7 @@ namespace pope::kernels {
 namespace {
 
 constexpr int kThreads = 1024;
+constexpr int kUnroll = 4;  // 16-byte loads in flight per thread
 
 struct Choice {
   float best;  // largest finite logit seen, −∞ before any
@@ -46,8 +49,7 @@ __global__ void __launch_bounds__(kThreads)
   const int row = blockIdx.x;
   const float* z = logits + long(row) * padded_width;
   Choice mine{-INFINITY, INT_MAX, 0.0f, 0};
-  for (int j = threadIdx.x; j < vocab_size; j += blockDim.x) {
-    const float x = z[j];
+  auto consider = [&](float x, int j) {
     if (!isfinite(x)) {
       mine.bad = 1;
     } else if (x > mine.best) {
@@ -57,6 +59,30 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       mine.sum += exp2f((x - mine.best) * kLog2e);
     }
+  };
+  if (padded_width % 4 == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0) {
+    // 16-byte loads, kUnroll of them in flight per thread; each thread's columns in increasing order.
+    const float4* z4 = reinterpret_cast<const float4*>(z);
+    const int groups = (vocab_size + 3) / 4;
+    for (int g0 = threadIdx.x; g0 < groups; g0 += kThreads * kUnroll) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int g = g0 + u * kThreads;
+        v[u] = g < groups ? z4[g] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = 4 * (g0 + u * kThreads);
+        if (j >= vocab_size) break;
+        consider(v[u].x, j);
+        if (j + 1 < vocab_size) consider(v[u].y, j + 1);
+        if (j + 2 < vocab_size) consider(v[u].z, j + 2);
+        if (j + 3 < vocab_size) consider(v[u].w, j + 3);
+      }
+    }
+  } else {
+    for (int j = threadIdx.x; j < vocab_size; j += kThreads) consider(z[j], j);
   }
   const Choice all = block_reduce(mine, shared, CombineChoices{}, Choice{-INFINITY, INT_MAX, 0.0f, 0});
   if (threadIdx.x != 0) return;

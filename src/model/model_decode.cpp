@@ -131,11 +131,12 @@ void Model::queue_decode(KvCache& cache, int n, bool all_rows) {
                                           pparams, layer});
     });
   }
+  be.rmsnorm_forward(rows(b.final_norm), rows(b.final_rstd), rows(b.residual), weight(final_norm_), config_.norm_eps);
   if (all_rows || n == 1) {
-    be.rmsnorm_matmul(b.logits.tensor.rows(0, N), rows(b.final_norm), rows(b.final_rstd), rows(b.residual),
-                      weight(final_norm_), config_.norm_eps, weight(wte_));
+    // Not rmsnorm_matmul: its fused norm is formed again by every block, and the LM head's
+    // 50,304 columns make several waves of blocks.
+    be.matmul(b.logits.tensor.rows(0, N), rows(b.final_norm), weight(wte_), false, true);
   } else {
-    be.rmsnorm_forward(rows(b.final_norm), rows(b.final_rstd), rows(b.residual), weight(final_norm_), config_.norm_eps);
     for (int s = 0; s < B; ++s) {
       const std::int64_t last = std::int64_t(s) * n + n - 1;
       be.matmul(b.logits.tensor.rows(s, s + 1), b.final_norm.tensor.rows(last, last + 1), weight(wte_), false, true);
