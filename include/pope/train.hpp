@@ -46,6 +46,9 @@ struct TrainerOptions {
                                    // schedule and data position start fresh. Ignored when resuming.
   bool write_checkpoints = true;   // false: none at all, not even the last (benchmark and scaling
                                    // runs, where writing a 774M checkpoint takes longer than the run)
+  std::string run_name{};          // non-empty: one of several runs in this process (pope-train
+                                   // --seeds): console lines name it, and spdlog's default logger,
+                                   // which the runs share, is left alone
 };
 
 enum class StopReason { finished, stop_at_step, interrupted, terminated };

@@ -118,17 +118,17 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
     logger->set_level(spdlog::level::warn);
   }
   auto formatter = std::make_unique<spdlog::pattern_formatter>();
-  formatter->add_flag<ElapsedFlag>('*', Clock::now())
-      .set_pattern(communicator_->size() > 1
-                       ? fmt::format("[%Y-%m-%d %H:%M:%S %*] %^%l%$ rank {}: %v", communicator_->rank())
-                       : std::string("[%Y-%m-%d %H:%M:%S %*] %^%l%$ %v"));
+  const std::string tag = communicator_->size() > 1 ? fmt::format("rank {}: ", communicator_->rank())
+                          : options_.run_name.empty() ? std::string()
+                                                      : options_.run_name + ": ";
+  formatter->add_flag<ElapsedFlag>('*', Clock::now()).set_pattern("[%Y-%m-%d %H:%M:%S %*] %^%l%$ " + tag + "%v");
   logger->set_formatter(std::move(formatter));
   logger_ = logger;
   // The default logger too: an error that ends the run, logged by pope-train's main after the
   // trainer is gone, then reaches train.log as well as the console. Every line is flushed, the
   // file sink outliving the trainer.
   logger->flush_on(spdlog::level::trace);
-  spdlog::set_default_logger(logger);
+  if (options_.run_name.empty()) spdlog::set_default_logger(logger);
 
   if (task) {
     task_ = std::make_unique<IndirectIndexingTask>(config_.data.indirect_indexing);

@@ -1,15 +1,23 @@
 // pope-train: train a GPT with a pluggable positional encoding from a JSON config, on one
 // process or data-parallel over GPUs (mpirun, torchrun-style or Slurm launch; see README).
+// With --seeds, one run per seed in this process (threads sharing its GPU).
 // Exit codes: 0 finished, 1 runtime/data/checkpoint/communication error, 2 usage, config or
 // launch-environment error, 3 aborted after repeated non-finite steps, 130/143 stopped by
 // SIGINT/SIGTERM (SIGHUP: 143; checkpointed).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <fmt/format.h>
+
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
+#include <set>
+#include <thread>
+#include <vector>
 
 #include "pope/checkpoint.hpp"
 #include "pope/communicator.hpp"
@@ -61,6 +69,73 @@ int print_plan(const pope::RunConfig& config, const std::filesystem::path& run_d
   return 0;
 }
 
+int exit_code(pope::StopReason reason) {
+  switch (reason) {
+    case pope::StopReason::finished:
+    case pope::StopReason::stop_at_step: return 0;
+    case pope::StopReason::interrupted: return 128 + SIGINT;
+    case pope::StopReason::terminated: return 128 + SIGTERM;
+  }
+  return 0;
+}
+
+// Runs `run`, mapping what it throws to an exit code and a message for `fail`.
+template <class Run, class Fail> int guarded(Run&& run, Fail&& fail) {
+  try {
+    return run();
+  } catch (const pope::ConfigError& e) {
+    return fail(kExitConfig, std::string("config error: ") + e.what());
+  } catch (const pope::LaunchError& e) {
+    return fail(kExitConfig, std::string("launch error: ") + e.what());
+  } catch (const pope::TrainingAborted& e) {
+    return fail(kExitAborted, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(kExitRuntime, pope::tools::kOutOfMemory);
+  } catch (const std::exception& e) {
+    return fail(kExitRuntime, e.what());
+  }
+}
+
+// The run of one seed of --seeds: train.seed = seed, run directory base/seed_S.
+struct SeedRun {
+  pope::RunConfig config;
+  pope::TrainerOptions options;
+};
+SeedRun seed_run(const pope::RunConfig& config, const pope::TrainerOptions& options, long seed) {
+  SeedRun run{config, options};
+  run.config.train.seed = std::uint64_t(seed);
+  run.options.run_dir = options.run_dir / fmt::format("seed_{}", seed);
+  run.options.run_name = fmt::format("seed {}", seed);
+  return run;
+}
+
+// --seeds: one run per seed in this process, each in its own thread with its own backend (on the
+// GPU its own stream, so that the runs' kernels overlap) and run directory base/seed_S; each
+// computes what it computes alone. The first failing run's exit code, in seed order, is returned.
+int train_seeds(const pope::RunConfig& config, const std::vector<long>& seeds, const pope::TrainerOptions& options) {
+  std::vector<int> codes(seeds.size(), 0);
+  std::vector<std::thread> runs;
+  pope::Trainer::install_signal_handlers();
+  for (std::size_t i = 0; i < seeds.size(); ++i)
+    runs.emplace_back([&, i] {
+      const SeedRun run = seed_run(config, options, seeds[i]);
+      codes[i] = guarded(
+          [&] {
+            pope::Trainer trainer(run.config, run.options,
+                                  pope::make_backend(run.config.train.device, "float", run.config.train.threads, 0));
+            return exit_code(trainer.train().reason);
+          },
+          [&](int code, const std::string& message) {
+            spdlog::error("{}: {}", run.options.run_name, message);
+            return code;
+          });
+    });
+  for (std::thread& run : runs) run.join();
+  for (int code : codes)
+    if (code != 0) return code;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,6 +151,7 @@ int main(int argc, char** argv) {
              "checkpoint is written; continue with --resume auto).");
   std::string config_path, out_dir, resume, device, init_from;
   std::vector<std::string> overrides;
+  std::vector<long> seeds;
   bool dry_run = false, quiet = false, no_checkpoints = false;
   long stop_at = 0;
   app.add_option("-c,--config", config_path, "JSON config file; a bare name resolves in configs/")
@@ -99,6 +175,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-checkpoints", no_checkpoints,
                "write no checkpoint, not even at the end (benchmark and scaling runs); the run cannot be resumed")
       ->excludes("--stop-at");
+  app.add_option("--seeds", seeds, "train one run per seed (train.seed) in this process, sharing its GPU, each in "
+                                   "OUT/seed_S, e.g. --seeds 1,2,3,4; one process, one GPU")
+      ->delimiter(',')
+      ->check(CLI::Range(0L, long(std::numeric_limits<std::int32_t>::max())));
   app.add_flag("--dry-run", dry_run,
                "print the resolved config, parameter count and batch plan, run every start-up check of the inputs "
                "(data, run directory, --resume/--init-from, tokenizer) reporting all problems, then exit");
@@ -124,7 +204,7 @@ int main(int argc, char** argv) {
     if (mpi && world.size > 1) mpi->abort(code);
     return code;
   };
-  try {
+  return guarded([&]() -> int {
     if (!device.empty()) overrides.push_back("train.device=" + device);
     pope::RunConfig config = pope::load_config(config_path, overrides);
     std::filesystem::path run_dir = out_dir;
@@ -133,6 +213,21 @@ int main(int argc, char** argv) {
     const pope::EnvLookup env = pope::process_environment();
     world = pope::detect_world(env);
     const pope::TrainerOptions options{run_dir, resume, quiet, stop_at, init_from, !no_checkpoints};
+    if (!seeds.empty()) {
+      if (world.size > 1)
+        throw pope::LaunchError(fmt::format("--seeds trains its runs in one process on one device; this is rank "
+                                            "{} of a world of {}", world.rank, world.size));
+      if (std::set<long>(seeds.begin(), seeds.end()).size() != seeds.size())
+        throw pope::ConfigError("--seeds", "a seed is given twice; each run needs its own");
+      if (!resume.empty() && resume != "auto")
+        throw pope::ConfigError("--resume", "with --seeds only 'auto' (each run resumes from its own directory)");
+      if (!dry_run) return train_seeds(config, seeds, options);
+      for (long seed : seeds) {
+        const SeedRun run = seed_run(config, options, seed);
+        if (const int code = print_plan(run.config, run.options.run_dir, world, run.options); code != 0) return code;
+      }
+      return 0;
+    }
     if (dry_run) return print_plan(config, run_dir, world, options);
 
     std::unique_ptr<pope::Rendezvous> rendezvous = pope::rendezvous_from_environment(world, env);
@@ -148,23 +243,6 @@ int main(int argc, char** argv) {
     pope::Trainer::install_signal_handlers();
     pope::Trainer trainer(config, options, std::move(backend),
                           std::move(communicator));
-    const pope::TrainingSummary summary = trainer.train();
-    switch (summary.reason) {
-      case pope::StopReason::finished:
-      case pope::StopReason::stop_at_step: return 0;
-      case pope::StopReason::interrupted: return 128 + SIGINT;
-      case pope::StopReason::terminated: return 128 + SIGTERM;
-    }
-    return 0;
-  } catch (const pope::ConfigError& e) {
-    return fail(kExitConfig, std::string("config error: ") + e.what());
-  } catch (const pope::LaunchError& e) {
-    return fail(kExitConfig, std::string("launch error: ") + e.what());
-  } catch (const pope::TrainingAborted& e) {
-    return fail(kExitAborted, e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(kExitRuntime, pope::tools::kOutOfMemory);
-  } catch (const std::exception& e) {
-    return fail(kExitRuntime, e.what());
-  }
+    return exit_code(trainer.train().reason);
+  }, fail);
 }
