@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
   app.add_option("--seeds", seeds, "train one run per seed (train.seed) in this process, sharing its GPU, each in "
                                    "OUT/seed_S, e.g. --seeds 1,2,3,4; one process, one GPU")
       ->delimiter(',')
-      ->check(CLI::Range(0L, long(std::numeric_limits<std::int32_t>::max())));
+      ->check(pope::tools::integer_check(seeds, 0L, long(std::numeric_limits<std::int32_t>::max())));
   app.add_flag("--dry-run", dry_run,
                "print the resolved config, parameter count and batch plan, run every start-up check of the inputs "
                "(data, run directory, --resume/--init-from, tokenizer) reporting all problems, then exit");
