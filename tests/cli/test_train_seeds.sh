@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pope-train --seeds: several runs in one process, each in OUT/seed_S, equal bit for bit to the same
 # seed trained alone (weights and every logged loss); tagged console lines; each resumes from its own
-# directory; bad --seeds refused naming the flag.
+# directory; SIGTERM checkpoints every run; bad --seeds refused naming the flag.
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
@@ -35,6 +35,21 @@ grep -q '"seed": 3' "$SCRATCH/group/seed_3/config.json" || fail "seed_3/config.j
 expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/group" --seeds 3,7 --resume auto \
   --set train.steps=16 --quiet
 for s in 3 7; do [ -d "$SCRATCH/group/seed_$s/checkpoints/step_00000016" ] || fail "seed $s did not resume to step 16"; done
+
+# SIGTERM stops every run: each finishes its step and writes a checkpoint, exit 143.
+"$TRAIN" --config "$SCRATCH/tiny.json" --set train.steps=100000 --set train.checkpoint_every=0 \
+  --out "$SCRATCH/term" --seeds 1,2 -q >"$SCRATCH/term.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do
+  [ "$(cat "$SCRATCH"/term/seed_*/metrics.jsonl 2>/dev/null | grep -c '"event":"train"' || true)" -ge 6 ] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+set +e; wait "$pid"; code=$?; set -e
+[ "$code" -eq 143 ] || { cat "$SCRATCH/term.log" >&2; fail "SIGTERM exit code $code, expected 143"; }
+for s in 1 2; do
+  ls "$SCRATCH/term/seed_$s/checkpoints" | grep -q '^step_' || fail "seed $s wrote no checkpoint after SIGTERM"
+done
 
 # Bad --seeds: exit 2 naming the flag.
 expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/dup" --seeds 3,3
