@@ -19,10 +19,7 @@ void cross_entropy(int threads, Tensor losses, Tensor logits, Tensor targets, in
                    double grad_scale) {
   constexpr std::string_view op = "cross_entropy";
   constexpr DType real = dtype_of<Real>();
-  check_2d(op, "logits", logits, real);
-  const std::int64_t rows = logits.dim(0), padded = logits.dim(1);
-  require(vocab_size > 0 && vocab_size <= padded, op,
-          fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
+  const std::int64_t rows = check_logits(op, logits, real, vocab_size), padded = logits.dim(1);
   check_vector(op, "targets", targets, DType::i32, rows);
   check_vector(op, "losses", losses, real, rows);
   const auto* target = targets.as<std::int32_t>();

@@ -16,10 +16,7 @@ template <class Real>
 void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance) {
   constexpr std::string_view op = "greedy_tokens";
   constexpr DType real = dtype_of<Real>();
-  check_2d(op, "logits", logits, real);
-  const std::int64_t rows = logits.dim(0), padded = logits.dim(1);
-  require(vocab_size > 0 && vocab_size <= padded, op,
-          fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
+  const std::int64_t rows = check_logits(op, logits, real, vocab_size), padded = logits.dim(1);
   check_vector(op, "ids", ids, DType::i32, rows);
   check_vector(op, "log_probs", log_probs, real, rows);
   if (!past.empty()) {

@@ -49,6 +49,7 @@ namespace {
 using cuda::check_2d;
 using cuda::check_floating;
 using cuda::check_int_range;
+using cuda::check_logits;
 using cuda::check_matrix;
 using cuda::check_vector;
 using cuda::require;
@@ -508,10 +509,7 @@ class CudaBackend final : public Backend {
     const bool f32_logits = logits.dtype == DType::f32;
     require(f32_logits || logits.dtype == DType::bf16, op,
             fmt::format("logits are {}, expected bf16 or f32", dtype_name(logits.dtype)));
-    check_2d(op, "logits", logits, logits.dtype);
-    const std::int64_t rows = logits.dim(0), padded = logits.dim(1);
-    require(vocab_size > 0 && vocab_size <= padded, op,
-            fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
+    const std::int64_t rows = check_logits(op, logits, logits.dtype, vocab_size), padded = logits.dim(1);
     check_vector(op, "targets", targets, DType::i32, rows);
     check_vector(op, "losses", losses, DType::f32, rows);
     check_sizes(op, {rows, padded});
@@ -524,10 +522,7 @@ class CudaBackend final : public Backend {
 
   void greedy_tokens(Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance) override {
     constexpr std::string_view op = "greedy_tokens";
-    check_2d(op, "logits", logits, DType::f32);
-    const std::int64_t rows = logits.dim(0), padded = logits.dim(1);
-    require(vocab_size > 0 && vocab_size <= padded, op,
-            fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, padded));
+    const std::int64_t rows = check_logits(op, logits, DType::f32, vocab_size), padded = logits.dim(1);
     check_vector(op, "ids", ids, DType::i32, rows);
     check_vector(op, "log_probs", log_probs, DType::f32, rows);
     if (!past.empty()) check_vector(op, "past", past, DType::i32, 1);

@@ -21,6 +21,9 @@ inline void check_matrix(std::string_view op, std::string_view name, const Tenso
 inline void check_2d(std::string_view op, std::string_view name, const Tensor& t, DType dtype) {
   checks::check_2d(DeviceKind::cuda, op, name, t, dtype);
 }
+inline std::int64_t check_logits(std::string_view op, const Tensor& logits, DType dtype, int vocab_size) {
+  return checks::check_logits(DeviceKind::cuda, op, logits, dtype, vocab_size);
+}
 inline void check_floating(std::string_view op, std::string_view name, const Tensor& t) {
   checks::check_floating(DeviceKind::cuda, op, name, t);
 }

@@ -42,6 +42,13 @@ void check_2d(DeviceKind device, std::string_view op, std::string_view name, con
           fmt::format("{} is {}, expected a 2-D {} tensor", name, describe(t), dtype_name(dtype)));
 }
 
+std::int64_t check_logits(DeviceKind device, std::string_view op, const Tensor& logits, DType dtype, int vocab_size) {
+  check_2d(device, op, "logits", logits, dtype);
+  require(vocab_size > 0 && vocab_size <= logits.dim(1), op,
+          fmt::format("vocab_size is {}, expected 1..{} (the logits' width)", vocab_size, logits.dim(1)));
+  return logits.dim(0);
+}
+
 void check_floating(DeviceKind device, std::string_view op, std::string_view name, const Tensor& t) {
   check_location(device, op, name, t);
   const bool floating = t.dtype == DType::f32 || t.dtype == DType::f64 || t.dtype == DType::bf16;

@@ -27,6 +27,9 @@ void check_matrix(DeviceKind device, std::string_view op, std::string_view name,
                   std::int64_t rows, std::int64_t cols);
 // A 2-D tensor of `dtype`.
 void check_2d(DeviceKind device, std::string_view op, std::string_view name, const Tensor& t, DType dtype);
+// Logits rows of `dtype` [rows, padded] whose first vocab_size columns are real (1 ≤ vocab_size ≤
+// padded); returns the rows.
+std::int64_t check_logits(DeviceKind device, std::string_view op, const Tensor& logits, DType dtype, int vocab_size);
 // A tensor of any floating-point dtype (f32, f64, bf16).
 void check_floating(DeviceKind device, std::string_view op, std::string_view name, const Tensor& t);
 
