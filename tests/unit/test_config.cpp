@@ -193,7 +193,7 @@ TEST(Config, UnknownKeysSuggestCloseSpellings) {
                       {"did you mean optim.beta1 or optim.beta2?"});
   expect_json_error({{"optim", {{"lrr", 1}}}}, "optim.lrr", {"did you mean optim.lr?", "test.json"});
   expect_json_error({{"modle", {{"n_head", 8}}}}, "modle", {"did you mean model?", "the keys of the top level"});
-  for (const std::string& far : {"optim.zzzzzz=1", "optim.x=1", "qqqq.zzzz=1"}) {
+  for (const char* far : {"optim.zzzzzz=1", "optim.x=1", "qqqq.zzzz=1"}) {
     try {
       apply_override(config, far);
       ADD_FAILURE() << far << " was accepted";
@@ -720,7 +720,8 @@ TEST(Config, ReadmeListsEveryNameOfANamedKey) {
     const auto row = rows.find(std::string(field.path));
     ASSERT_NE(row, rows.end()) << field.path << " has no row";
     for (std::string_view name : names)
-      EXPECT_NE(row->second.find("`" + std::string(name) + "`"), std::string::npos) << field.path << ": " << name;
+      EXPECT_NE(row->second.find(std::string("`").append(name).append("`")), std::string::npos)
+          << field.path << ": " << name;
   }
   EXPECT_GE(named, 10);
 }
