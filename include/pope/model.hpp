@@ -161,6 +161,7 @@ class Model {
   void reserve_decode_logits(KvCache& cache, std::int64_t rows);
   void queue_decode(KvCache& cache, int n, bool all_rows);
   void check_decode(const KvCache& cache, std::size_t tokens, int n) const;
+  void upload_decode_inputs(KvCache& cache, std::span<const std::int32_t> tokens);
   void run_decode(KvCache& cache, int n, bool all_rows);
   void queue_choice(KvCache& cache, int n);
   // One layer's forward over the tensors of `t`; `attention` computes t.attn from t.qkv given the

@@ -15,10 +15,9 @@
 
 namespace pope {
 
-// A greedy call's host slot: the cached length its step starts from, then the ids and
-// log-probabilities copied back.
+// A greedy call's host slot, and the fence of the copy into it.
 struct KvCache::GreedySlot {
-  Buffer host;  // page-locked copy of Buffers::feed's choice: log-probabilities, past, ids
+  Buffer host;  // page-locked copy of Buffers::feed's head: log-probabilities, next cached length, ids
   std::unique_ptr<Fence> copied;
 };
 
@@ -158,6 +157,14 @@ void Model::check_decode(const KvCache& cache, std::size_t tokens, int n) const 
     throw std::invalid_argument("decode: greedy choices are queued unread; read them first (Model::read_greedy)");
 }
 
+// b.inputs = the cached length, then `tokens`.
+void Model::upload_decode_inputs(KvCache& cache, std::span<const std::int32_t> tokens) {
+  std::vector<std::int32_t> inputs(1 + tokens.size());
+  inputs[0] = cache.length();
+  std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
+  backend_.copy_from_host(cache.buffers_->inputs.rows(0, std::int64_t(inputs.size())), inputs.data());
+}
+
 // Queues the decode call of n rows per sequence whose inputs (the cached length, then the
 // tokens) are in b.inputs: a one-token step runs eagerly once (it reserves the scratch it
 // needs), is then recorded and replayed at every later position while the backend's scratch
@@ -195,10 +202,7 @@ std::vector<float> Model::decode(KvCache& cache, std::span<const std::int32_t> t
   reserve_decode_logits(cache, out_rows);
   KvCache::Buffers& b = *cache.buffers_;
   Backend& be = backend_;
-  std::vector<std::int32_t> inputs(std::size_t(1 + N));
-  inputs[0] = cache.length();
-  std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
-  be.copy_from_host(b.inputs.rows(0, 1 + N), inputs.data());
+  upload_decode_inputs(cache, tokens);
   run_decode(cache, n, all_rows);
   cache.greedy_fed_ = false;
 
@@ -249,10 +253,7 @@ void Model::queue_greedy(KvCache& cache, std::span<const std::int32_t> tokens, i
       slot.host = backend_.allocate_host(sizeof(std::int32_t) * std::size_t(b.choice_words + 1 + B));
       slot.copied = backend_.make_fence();
     }
-  std::vector<std::int32_t> inputs(std::size_t(1 + N));
-  inputs[0] = cache.length();
-  std::copy(tokens.begin(), tokens.end(), inputs.begin() + 1);
-  backend_.copy_from_host(b.inputs.rows(0, 1 + N), inputs.data());
+  upload_decode_inputs(cache, tokens);
   run_decode(cache, n, false);
   queue_choice(cache, n);
 }
