@@ -20,6 +20,11 @@ f32 or f64 dump (CPU) with 1e-5 and 1e-4.
 Encodings: every model.position.kind of modeling_pope.py (all of pope's registry when written); a
 dump of a kind it does not know exits 3, so that a caller looping over every kind tells "not
 implemented here" from a failure.
+With --pope-from-paper, every layer's attention of a PoPE dump is instead the paper's equations
+written out here in complex arithmetic, sharing no code with modeling_pope.py's encoding:
+q~_t = softplus(q_t) e^{i t theta}, k~_s = softplus(k_s) e^{i (s theta + delta)} with theta_c = base^{-c/d}
+(c = 0..d-1) and delta in [-2 pi, 0] as model.position.pope.delta_bound says, scores
+Re(q~_t . conj(k~_s)) times the softmax scale, causal softmax, times v.
 Exit codes: 0 match, 1 mismatch, 2 unreadable dump or unsupported option, 3 encoding not
 implemented here, 77 PyTorch missing.
 Runs with PyTorch 1.13 (Debian's python3-torch, CPU) and 2.x.
@@ -87,6 +92,46 @@ def build_model(model, device, dtype):
         raise DumpError(f"the dump's config: {error}")
 
 
+# ---- PoPE from the paper's equations (--pope-from-paper) ------------------------------------
+
+def paper_pope_forward(block, position):
+    """A replacement for Block.forward computing PoPE attention from the paper's equations."""
+    pope = position["pope"]
+    if pope["magnitude"] != "softplus" or not pope["learn_delta"]:
+        raise Unimplemented("--pope-from-paper: the paper's PoPE has softplus magnitudes and a learned delta")
+    bound = pope.get("delta_bound", "clamp")
+    scale_2d = pope["scale"] == "inv_sqrt_2d"
+
+    def forward(x):
+        B, T, C = x.shape
+        H = block.n_head
+        d = C // H
+        qkv = block.attn.qkv(block.attn_norm(x))
+        q, k, v = (qkv[..., j * C:(j + 1) * C].reshape(B, T, H, d).transpose(1, 2) for j in range(3))
+        theta = float(pope["base"]) ** (-torch.arange(d, dtype=torch.float64, device=x.device) / d)  # [d]
+        angle = torch.arange(T, dtype=torch.float64, device=x.device)[:, None] * theta[None, :]     # [T, d]
+        delta = block.position.delta.double()                                                  # [H, d]
+        if bound == "clamp":
+            delta = torch.clamp(delta, -2 * math.pi, 0.0)
+        query = torch.nn.functional.softplus(q.double()) * torch.exp(1j * angle)               # [B, H, T, d]
+        key = torch.nn.functional.softplus(k.double()) * torch.exp(1j * (angle[None] + delta[:, None, :]))
+        scores = (query @ key.conj().transpose(-1, -2)).real / math.sqrt(2 * d if scale_2d else d)
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        y = (weights.to(v.dtype) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + block.attn.proj(y)
+        return x + block.mlp(block.mlp_norm(x))
+
+    return forward
+
+
+def use_paper_pope(net, model):
+    if model["position"]["kind"] != "pope":
+        raise Unimplemented(f"--pope-from-paper: the dump is {model['position']['kind']}, not pope")
+    for block in net.layers:
+        block.forward = paper_pope_forward(block, model["position"])
+
+
 # ---- comparison ----------------------------------------------------------------------------
 
 def relative_error(ours, reference):
@@ -104,6 +149,8 @@ def main():
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32"],
                         help="precision of this reference (default float64)")
+    parser.add_argument("--pope-from-paper", action="store_true",
+                        help="PoPE attention from the paper's equations in complex arithmetic (a PoPE dump)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -117,6 +164,8 @@ def main():
                             "with the config (write it with pope-bench train --dump-step)")
         model_config = json.loads(metadata["config"])["model"]
         net = build_model(model_config, args.device, dtype)
+        if args.pope_from_paper:
+            use_paper_pope(net, model_config)
         parameters = dict(net.named_parameters())
         if "tokens" not in tensors or tensors["tokens"].dim() != 2:
             raise DumpError(f"{args.dump}: expected a tensor 'tokens' of shape [B, T]")

@@ -2,7 +2,8 @@
 # pope-bench train end to end on the CPU with a tiny config: the table, the JSON numbers
 # (FLOPs formula, step count, tokens per step), the profile, option and config errors, and
 # --dump-step files for every encoding checked by the independent PyTorch oracle
-# (scripts/reference/torch_gpt.py) when a python with torch is found (POPE_TORCH_PYTHON,
+# (scripts/reference/torch_gpt.py; PoPE also against the paper's equations, --pope-from-paper)
+# when a python with torch is found (POPE_TORCH_PYTHON,
 # python3, /usr/bin/python3); without one the oracle part prints "SKIP oracle: no torch" and
 # the other checks still decide the result.
 source "$(dirname "$0")/cli_common.sh"
@@ -181,6 +182,36 @@ open(sys.argv[2], "wb").write(blob)
 PY
 expect_exit 1 "$torch_python" "$ORACLE" "$SCRATCH/tampered.safetensors"
 expect_output "MISMATCH: grad.layers.0.mlp.fc.weight"
+
+# PoPE against the paper's equations written out in complex arithmetic (--pope-from-paper: no code
+# shared with modeling_pope.py's encoding), for each δ bound and both softmax scales; a δ gradient
+# scaled by 1.01 must fail it.
+# The dumps jitter δ around its zero init, so about half of it lies past 0: clamped or not.
+for variant in "clamp|--set model.position.pope.delta_bound=clamp" \
+  "clamp_uniform|--set model.position.pope.delta_init=uniform" \
+  "none|--set model.position.pope.delta_bound=none" \
+  "project_2d|--set model.position.pope.delta_bound=project --set model.position.pope.scale=inv_sqrt_2d"; do
+  name="paper_${variant%%|*}"
+  read -r -a sets <<<"${variant#*|}"
+  expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --dump-step "$SCRATCH/$name.safetensors" "${sets[@]}"
+  expect_exit 0 "$torch_python" "$ORACLE" "$SCRATCH/$name.safetensors" --pope-from-paper
+  expect_output "OK: loss and"
+  echo "oracle $name: $(grep '^loss:' "$SCRATCH/out")"
+done
+python3 - "$SCRATCH/paper_clamp.safetensors" "$SCRATCH/tampered_delta.safetensors" <<'PY'
+import json, struct, sys
+blob = bytearray(open(sys.argv[1], "rb").read())
+(n,) = struct.unpack("<Q", blob[:8])
+b, e = json.loads(blob[8:8 + n])["grad.layers.0.position.delta"]["data_offsets"]
+start = 8 + n
+values = struct.unpack(f"<{(e - b) // 4}f", blob[start + b:start + e])
+blob[start + b:start + e] = struct.pack(f"<{len(values)}f", *(v * 1.01 for v in values))
+open(sys.argv[2], "wb").write(blob)
+PY
+expect_exit 1 "$torch_python" "$ORACLE" "$SCRATCH/tampered_delta.safetensors" --pope-from-paper
+expect_output "MISMATCH: grad.layers.0.position.delta"
+# A dump of another encoding is not the paper's PoPE: reported as not implemented (3).
+expect_exit 3 "$torch_python" "$ORACLE" "$SCRATCH/rope_half.safetensors" --pope-from-paper
 
 # And refuses what is not a dump.
 printf 'not a dump' >"$SCRATCH/junk.safetensors"
