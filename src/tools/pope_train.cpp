@@ -1,6 +1,6 @@
 // pope-train: train a GPT with a pluggable positional encoding from a JSON config, on one
 // process or data-parallel over GPUs (mpirun, torchrun-style or Slurm launch; see README).
-// With --seeds, one run per seed in this process (threads sharing its GPU).
+// With --seeds or --vary, a group of runs in this process (threads sharing its GPU).
 // Exit codes: 0 finished, 1 runtime/data/checkpoint/communication error, 2 usage, config or
 // launch-environment error, 3 aborted after repeated non-finite steps, 130/143 stopped by
 // SIGINT/SIGTERM (SIGHUP: 143; checkpointed).
@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -96,29 +98,88 @@ template <class Run, class Fail> int guarded(Run&& run, Fail&& fail) {
   }
 }
 
-// The run of one seed of --seeds: train.seed = seed, run directory base/seed_S.
-struct SeedRun {
+// One run of a group (--seeds, --vary): its config, options, directory and name.
+struct GroupRun {
   pope::RunConfig config;
   pope::TrainerOptions options;
 };
-SeedRun seed_run(const pope::RunConfig& config, const pope::TrainerOptions& options, long seed) {
-  SeedRun run{config, options};
-  run.config.train.seed = std::uint64_t(seed);
-  run.options.run_dir = options.run_dir / fmt::format("seed_{}", seed);
-  run.options.run_name = fmt::format("seed {}", seed);
-  return run;
+
+// A value as part of a directory name: characters other than letters, digits, '.', '-' become '_'.
+std::string directory_part(const std::string& value) {
+  std::string part = value;
+  for (char& c : part)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  return part;
 }
 
-// --seeds: one run per seed in this process, each in its own thread with its own backend (on the
-// GPU its own stream, so that the runs' kernels overlap) and run directory base/seed_S; each
-// computes what it computes alone. The first failing run's exit code, in seed order, is returned.
-int train_seeds(const pope::RunConfig& config, const std::vector<long>& seeds, const pope::TrainerOptions& options) {
-  std::vector<int> codes(seeds.size(), 0);
-  std::vector<std::thread> runs;
+// Every combination of the --vary values (KEY=V1,V2,…, in order, each a directory level
+// <last key segment>_<value>), then of the seeds (seed_S): one run each.
+std::vector<GroupRun> group_runs(const std::string& config_path, const std::vector<std::string>& overrides,
+                                 const std::vector<std::string>& vary, const std::vector<long>& seeds,
+                                 const pope::TrainerOptions& options) {
+  struct Combination {
+    std::vector<std::string> overrides;
+    std::filesystem::path dir;
+    std::string name;
+  };
+  std::vector<Combination> combinations{{overrides, options.run_dir, ""}};
+  for (const std::string& assignment : vary) {
+    const std::size_t equals = assignment.find('=');
+    const std::string key = assignment.substr(0, equals);
+    std::vector<std::string> values;
+    if (equals != std::string::npos) {
+      std::string rest = assignment.substr(equals + 1) + ",";
+      for (std::size_t at = 0, comma; (comma = rest.find(',', at)) != std::string::npos; at = comma + 1)
+        values.push_back(rest.substr(at, comma - at));
+    }
+    const bool empty_value = std::find(values.begin(), values.end(), "") != values.end();
+    if (key.empty() || values.empty() || empty_value)
+      throw pope::ConfigError("--vary", fmt::format("'{}': expected KEY=V1,V2,… (e.g. model.position.kind=pope,rope)",
+                                                    assignment));
+    if (std::set<std::string>(values.begin(), values.end()).size() != values.size())
+      throw pope::ConfigError("--vary", fmt::format("'{}': a value is given twice; each run needs its own", assignment));
+    const std::string segment = key.substr(key.rfind('.') + 1);
+    std::vector<Combination> next;
+    for (const Combination& c : combinations)
+      for (const std::string& value : values) {
+        Combination d = c;
+        d.overrides.push_back(key + "=" + value);
+        d.dir /= segment + "_" + directory_part(value);
+        d.name += (d.name.empty() ? "" : " ") + segment + "=" + value;
+        next.push_back(std::move(d));
+      }
+    combinations = std::move(next);
+  }
+  if (std::set<long>(seeds.begin(), seeds.end()).size() != seeds.size())
+    throw pope::ConfigError("--seeds", "a seed is given twice; each run needs its own");
+  std::vector<GroupRun> runs;
+  for (const Combination& c : combinations) {
+    const pope::RunConfig config = pope::load_config(config_path, c.overrides);
+    for (std::size_t i = 0; i < std::max<std::size_t>(seeds.size(), 1); ++i) {
+      GroupRun run{config, options};
+      run.options.run_dir = c.dir;
+      run.options.run_name = c.name;
+      if (!seeds.empty()) {
+        run.config.train.seed = std::uint64_t(seeds[i]);
+        run.options.run_dir /= fmt::format("seed_{}", seeds[i]);
+        run.options.run_name += (c.name.empty() ? "" : " ") + fmt::format("seed {}", seeds[i]);
+      }
+      runs.push_back(std::move(run));
+    }
+  }
+  return runs;
+}
+
+// The runs of a group in this process, each in its own thread with its own backend (on the GPU
+// its own stream, so that the runs' kernels overlap) and run directory; each computes what it
+// computes alone. The first failing run's exit code, in the group's order, is returned.
+int train_group(const std::vector<GroupRun>& group) {
+  std::vector<int> codes(group.size(), 0);
+  std::vector<std::thread> threads;
   pope::Trainer::install_signal_handlers();
-  for (std::size_t i = 0; i < seeds.size(); ++i)
-    runs.emplace_back([&, i] {
-      const SeedRun run = seed_run(config, options, seeds[i]);
+  for (std::size_t i = 0; i < group.size(); ++i)
+    threads.emplace_back([&, i] {
+      const GroupRun& run = group[i];
       codes[i] = guarded(
           [&] {
             pope::Trainer trainer(run.config, run.options,
@@ -130,7 +191,7 @@ int train_seeds(const pope::RunConfig& config, const std::vector<long>& seeds, c
             return code;
           });
     });
-  for (std::thread& run : runs) run.join();
+  for (std::thread& thread : threads) thread.join();
   for (int code : codes)
     if (code != 0) return code;
   return 0;
@@ -152,6 +213,7 @@ int main(int argc, char** argv) {
   std::string config_path, out_dir, resume, device, init_from;
   std::vector<std::string> overrides;
   std::vector<long> seeds;
+  std::vector<std::string> vary;
   bool dry_run = false, quiet = false, no_checkpoints = false;
   long stop_at = 0;
   app.add_option("-c,--config", config_path, "JSON config file; a bare name resolves in configs/")
@@ -179,6 +241,10 @@ int main(int argc, char** argv) {
                                    "OUT/seed_S, e.g. --seeds 1,2,3,4; one process, one GPU")
       ->delimiter(',')
       ->check(pope::tools::integer_check(seeds, 0L, long(std::numeric_limits<std::int32_t>::max())));
+  app.add_option("--vary", vary, "train one run per value of a config key in this process, each in "
+                                 "OUT/<key's last part>_<value>, e.g. --vary model.position.kind=pope,rope; repeatable "
+                                 "(every combination), and with --seeds every seed of each")
+      ->check(pope::tools::kNonEmpty);
   app.add_flag("--dry-run", dry_run,
                "print the resolved config, parameter count and batch plan, run every start-up check of the inputs "
                "(data, run directory, --resume/--init-from, tokenizer) reporting all problems, then exit");
@@ -213,19 +279,17 @@ int main(int argc, char** argv) {
     const pope::EnvLookup env = pope::process_environment();
     world = pope::detect_world(env);
     const pope::TrainerOptions options{run_dir, resume, quiet, stop_at, init_from, !no_checkpoints};
-    if (!seeds.empty()) {
+    if (!seeds.empty() || !vary.empty()) {
       if (world.size > 1)
-        throw pope::LaunchError(fmt::format("--seeds trains its runs in one process on one device; this is rank "
-                                            "{} of a world of {}", world.rank, world.size));
-      if (std::set<long>(seeds.begin(), seeds.end()).size() != seeds.size())
-        throw pope::ConfigError("--seeds", "a seed is given twice; each run needs its own");
+        throw pope::LaunchError(fmt::format("--seeds and --vary train their runs in one process on one device; this "
+                                            "is rank {} of a world of {}", world.rank, world.size));
       if (!resume.empty() && resume != "auto")
-        throw pope::ConfigError("--resume", "with --seeds only 'auto' (each run resumes from its own directory)");
-      if (!dry_run) return train_seeds(config, seeds, options);
-      for (long seed : seeds) {
-        const SeedRun run = seed_run(config, options, seed);
+        throw pope::ConfigError("--resume", "with --seeds or --vary only 'auto' (each run resumes from its own "
+                                            "directory)");
+      const std::vector<GroupRun> group = group_runs(config_path, overrides, vary, seeds, options);
+      if (!dry_run) return train_group(group);
+      for (const GroupRun& run : group)
         if (const int code = print_plan(run.config, run.options.run_dir, world, run.options); code != 0) return code;
-      }
       return 0;
     }
     if (dry_run) return print_plan(config, run_dir, world, options);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# pope-train --seeds: several runs in one process, each in OUT/seed_S, equal bit for bit to the same
-# seed trained alone (weights and every logged loss); tagged console lines; each resumes from its own
-# directory; SIGTERM checkpoints every run; bad --seeds refused naming the flag.
+# pope-train --seeds / --vary: several runs in one process, each in OUT/seed_S (or
+# OUT/<key>_<value>/seed_S), equal bit for bit to the same run trained alone (weights and every
+# logged loss); tagged console lines; each resumes from its own directory; SIGTERM checkpoints every
+# run; bad --seeds and --vary refused naming the flag.
 source "$(dirname "$0")/cli_common.sh"
 TRAIN="$POPE_BIN/pope-train"
 [ -x "$TRAIN" ] || { echo "SKIP: $TRAIN not built"; exit 77; }
@@ -50,6 +51,20 @@ set +e; wait "$pid"; code=$?; set -e
 for s in 1 2; do
   ls "$SCRATCH/term/seed_$s/checkpoints" | grep -q '^step_' || fail "seed $s wrote no checkpoint after SIGTERM"
 done
+
+# --vary: one run per value (and per seed), each equal to its solo run.
+expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/vary" --vary model.position.kind=rope,pope \
+  --seeds 5 -q
+grep -q '"kind": "pope"' "$SCRATCH/vary/kind_pope/seed_5/config.json" || fail "kind_pope/seed_5 is not a PoPE run"
+expect_exit 0 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/solo_pope" --set model.position.kind=pope \
+  --set train.seed=5 -q
+cmp -s "$SCRATCH/vary/kind_pope/seed_5/$last/model.safetensors" "$SCRATCH/solo_pope/$last/model.safetensors" ||
+  fail "the PoPE run of --vary differs from PoPE trained alone"
+[ -d "$SCRATCH/vary/kind_rope/seed_5/$last" ] || fail "no RoPE run under --vary"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/vary2" --vary model.position.kind
+expect_output "\-\-vary"
+expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/vary3" --vary model.bogus=1,2
+expect_output "model.bogus"
 
 # Bad --seeds: exit 2 naming the flag.
 expect_exit 2 "$TRAIN" --config "$SCRATCH/tiny.json" --out "$SCRATCH/dup" --seeds 3,3
