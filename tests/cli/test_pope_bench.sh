@@ -170,16 +170,19 @@ for variant in "${variants[@]}"; do
 done
 
 # The oracle fails when pope's numbers are wrong: scale one gradient in the file by 1.01.
-python3 - "$SCRATCH/pope.safetensors" "$SCRATCH/tampered.safetensors" <<'PY'
+tamper() {  # DUMP TENSOR OUT: OUT is DUMP with the f32 TENSOR scaled by 1.01
+  python3 - "$1" "$2" "$3" <<'PY'
 import json, struct, sys
 blob = bytearray(open(sys.argv[1], "rb").read())
 (n,) = struct.unpack("<Q", blob[:8])
-b, e = json.loads(blob[8:8 + n])["grad.layers.0.mlp.fc.weight"]["data_offsets"]
+b, e = json.loads(blob[8:8 + n])[sys.argv[2]]["data_offsets"]
 start = 8 + n
 values = struct.unpack(f"<{(e - b) // 4}f", blob[start + b:start + e])
 blob[start + b:start + e] = struct.pack(f"<{len(values)}f", *(v * 1.01 for v in values))
-open(sys.argv[2], "wb").write(blob)
+open(sys.argv[3], "wb").write(blob)
 PY
+}
+tamper "$SCRATCH/pope.safetensors" grad.layers.0.mlp.fc.weight "$SCRATCH/tampered.safetensors"
 expect_exit 1 "$torch_python" "$ORACLE" "$SCRATCH/tampered.safetensors"
 expect_output "MISMATCH: grad.layers.0.mlp.fc.weight"
 
@@ -198,16 +201,7 @@ for variant in "clamp|--set model.position.pope.delta_bound=clamp" \
   expect_output "OK: loss and"
   echo "oracle $name: $(grep '^loss:' "$SCRATCH/out")"
 done
-python3 - "$SCRATCH/paper_clamp.safetensors" "$SCRATCH/tampered_delta.safetensors" <<'PY'
-import json, struct, sys
-blob = bytearray(open(sys.argv[1], "rb").read())
-(n,) = struct.unpack("<Q", blob[:8])
-b, e = json.loads(blob[8:8 + n])["grad.layers.0.position.delta"]["data_offsets"]
-start = 8 + n
-values = struct.unpack(f"<{(e - b) // 4}f", blob[start + b:start + e])
-blob[start + b:start + e] = struct.pack(f"<{len(values)}f", *(v * 1.01 for v in values))
-open(sys.argv[2], "wb").write(blob)
-PY
+tamper "$SCRATCH/paper_clamp.safetensors" grad.layers.0.position.delta "$SCRATCH/tampered_delta.safetensors"
 expect_exit 1 "$torch_python" "$ORACLE" "$SCRATCH/tampered_delta.safetensors" --pope-from-paper
 expect_output "MISMATCH: grad.layers.0.position.delta"
 # A dump of another encoding is not the paper's PoPE: reported as not implemented (3).
