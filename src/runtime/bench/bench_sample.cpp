@@ -9,17 +9,9 @@
 #include "pope/model.hpp"
 #include "pope/rng.hpp"
 #include "pope/sample.hpp"
+#include "runtime/bench/bench_median.hpp"
 
 namespace pope {
-
-namespace {
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-}  // namespace
 
 SampleBenchResult run_sample_benchmark(const RunConfig& config, const SampleBenchOptions& options) {
   if (options.batch <= 0 || options.prompt_tokens <= 0 || options.new_tokens <= 0 || options.rounds <= 0)
@@ -48,9 +40,9 @@ SampleBenchResult run_sample_benchmark(const RunConfig& config, const SampleBenc
   result.position_kind = config.model.position.kind;
   result.parameters = model.parameter_count();
   result.options = options;
-  result.prefill_tokens_per_second = double(options.batch) * options.prompt_tokens / median_of(prefill);
-  result.decode_tokens_per_second = double(options.batch) * options.new_tokens / median_of(decode);
-  result.decode_ms_per_step = 1e3 * median_of(decode) / options.new_tokens;
+  result.prefill_tokens_per_second = double(options.batch) * options.prompt_tokens / median(prefill);
+  result.decode_tokens_per_second = double(options.batch) * options.new_tokens / median(decode);
+  result.decode_ms_per_step = 1e3 * median(decode) / options.new_tokens;
   return result;
 }
 

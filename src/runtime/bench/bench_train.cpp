@@ -13,6 +13,7 @@
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
 #include "runtime/bench/bench_batches.hpp"
+#include "runtime/bench/bench_median.hpp"
 #include "runtime/bench/bench_profiling_backend.hpp"
 #ifdef POPE_HAVE_CUDA
 #include "cuda/cuda_memory.hpp"
@@ -29,13 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
 std::optional<double> device_memory_in_use(const Backend& backend) {
