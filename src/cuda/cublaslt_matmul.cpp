@@ -5,8 +5,10 @@
 // n, m. Descriptors, layouts and the heuristic's algorithm are built once per PlanKey and
 // reused, so a training step only enqueues cublasLtMatmul calls. The epilogues' aux matrix
 // has out's shape, so it is column-major [n, m] with leading dimension n as well; its
-// pointer is set on the descriptor just before each call (pointers change per layer, the
-// descriptor is shared, and cublasLtMatmul reads the attribute when it is enqueued).
+// pointer, like FP8 operands' scale pointers, is set on the descriptor just before each call
+// (pointers change per layer, the descriptor is shared, and cublasLtMatmul reads the
+// attributes when it is enqueued). An FP8 product out = a · bᵀ is cuBLASLt's "TN" layout:
+// its first operand (our b) transposed, its second (our a) not.
 #include "cuda/cublaslt_matmul.hpp"
 
 #include <fmt/format.h>
@@ -90,6 +92,29 @@ cublasLtEpilogue_t cublaslt_epilogue(GemmEpilogue epilogue) {
 
 const void* c_operand(const GemmCall& call) { return call.addend != nullptr ? call.addend : call.out; }
 
+cudaDataType_t operand_type(GemmOperand operand) {
+  switch (operand) {
+    case GemmOperand::bf16: return CUDA_R_16BF;
+    case GemmOperand::e4m3: return CUDA_R_8F_E4M3;
+    case GemmOperand::e5m2: return CUDA_R_8F_E5M2;
+  }
+  throw std::logic_error("matmul: unhandled operand type");
+}
+
+bool is_fp8(const GemmCall& call) { return call.a_type != GemmOperand::bf16 || call.b_type != GemmOperand::bf16; }
+
+// The combinations cuBLASLt's FP8 kernels take; anything else is a caller's bug.
+void check_fp8_call(const GemmCall& call) {
+  if (call.a_type == GemmOperand::bf16 || call.b_type == GemmOperand::bf16)
+    throw std::logic_error("matmul: FP8 needs both operands in FP8");
+  if (call.a_type == GemmOperand::e5m2 && call.b_type == GemmOperand::e5m2)
+    throw std::logic_error("matmul: cuBLASLt has no e5m2 × e5m2 product");
+  if (call.transpose_a || !call.transpose_b)
+    throw std::logic_error("matmul: FP8 operands must both be K-major (out = a · bᵀ)");
+  if (call.a_scale_inv == nullptr || call.b_scale_inv == nullptr)
+    throw std::logic_error("matmul: FP8 operands need their dequantization factors");
+}
+
 }  // namespace
 
 const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
@@ -105,11 +130,21 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
                     alignment_bytes(call.out),
                     alignment_bytes(c_operand(call)),
                     static_cast<int>(call.epilogue),
-                    call.aux != nullptr ? alignment_bytes(call.aux) : 0};
+                    call.aux != nullptr ? alignment_bytes(call.aux) : 0,
+                    static_cast<int>(call.a_type),
+                    static_cast<int>(call.b_type),
+                    call.fast_accumulation};
   if (auto found = plans_.find(key); found != plans_.end()) return *found->second;
 
+  const bool fp8 = is_fp8(call);
+  if (fp8) check_fp8_call(call);
   auto plan = std::make_unique<Plan>();
   check_cublas(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  if (fp8) {
+    const std::int8_t fast = call.fast_accumulation ? 1 : 0;
+    check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)),
+                 "set FAST_ACCUM");
+  }
   const cublasOperation_t first_op = call.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t second_op = call.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_cublas(
@@ -133,13 +168,15 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
     check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
                                                 &aux_type, sizeof(aux_type)),
                  "set EPILOGUE_AUX_DATA_TYPE");
-    // The heuristic checks the aux pointer's alignment, so it must be set before asking.
-    set_aux_pointer(*plan, call.aux);
   }
+  // The heuristic checks the aux pointer's alignment, so it must be set before asking.
+  set_call_pointers(*plan, call);
   // Stored (column-major) shapes: b is [n, k] unless transposed ([k, n]); a is [k, m] unless
   // transposed ([m, k]); out is [n, m].
-  plan->first = make_layout(CUDA_R_16BF, call.transpose_b ? call.k : call.n, call.transpose_b ? call.n : call.k);
-  plan->second = make_layout(CUDA_R_16BF, call.transpose_a ? call.m : call.k, call.transpose_a ? call.k : call.m);
+  plan->first = make_layout(operand_type(call.b_type), call.transpose_b ? call.k : call.n,
+                            call.transpose_b ? call.n : call.k);
+  plan->second = make_layout(operand_type(call.a_type), call.transpose_a ? call.m : call.k,
+                             call.transpose_a ? call.k : call.m);
   plan->output = make_layout(call.out_is_f32 ? CUDA_R_32F : CUDA_R_16BF, call.n, call.m);
 
   cublasLtMatmulPreference_t raw_preference = nullptr;
@@ -163,22 +200,29 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
   if (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(fmt::format(
         "matmul: cuBLASLt has no algorithm for out [{}, {}] ({}) = op(a) [{}, {}]{} · op(b) [{}, {}]{} with beta {} "
-        "and epilogue {}",
+        "and epilogue {} (operand types {}, {})",
         call.m, call.n, call.out_is_f32 ? "f32" : "bf16", call.m, call.k, call.transpose_a ? " (a transposed)" : "",
-        call.k, call.n, call.transpose_b ? " (b transposed)" : "", call.beta, static_cast<int>(call.epilogue)));
+        call.k, call.n, call.transpose_b ? " (b transposed)" : "", call.beta, static_cast<int>(call.epilogue),
+        static_cast<int>(call.a_type), static_cast<int>(call.b_type)));
   plan->algorithm = heuristic.algo;
   return *plans_.emplace(key, std::move(plan)).first->second;
 }
 
-void CublasLtMatmul::set_aux_pointer(const Plan& plan, void* aux) {
-  check_cublas(
-      cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
-      "set EPILOGUE_AUX_POINTER");
+void CublasLtMatmul::set_call_pointers(const Plan& plan, const GemmCall& call) {
+  auto set = [&](cublasLtMatmulDescAttributes_t attribute, const void* pointer, const char* name) {
+    check_cublas(cublasLtMatmulDescSetAttribute(plan.operation, attribute, &pointer, sizeof(pointer)), name);
+  };
+  if (call.epilogue != GemmEpilogue::none) set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, call.aux, "set EPILOGUE_AUX_POINTER");
+  if (is_fp8(call)) {
+    // cuBLASLt's A is our b, its B our a.
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, call.b_scale_inv, "set A_SCALE_POINTER");
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, call.a_scale_inv, "set B_SCALE_POINTER");
+  }
 }
 
 void CublasLtMatmul::run(const GemmCall& call, cudaStream_t stream) {
   const Plan& plan = plan_for(call);
-  if (call.epilogue != GemmEpilogue::none) set_aux_pointer(plan, call.aux);
+  set_call_pointers(plan, call);
   check_cublas(cublasLtMatmul(handle_, plan.operation, &call.alpha, call.b, plan.first, call.a, plan.second, &call.beta,
                               c_operand(call), plan.output, call.out, plan.output, &plan.algorithm, workspace_,
                               kWorkspaceBytes, stream),

@@ -1,5 +1,6 @@
-// Row-major GEMMs on the GPU through cuBLASLt: bf16 operands, fp32 accumulation
-// (CUBLAS_COMPUTE_32F), bf16 or f32 output (f32 with beta = 1 accumulates weight gradients).
+// Row-major GEMMs on the GPU through cuBLASLt: bf16 or per-tensor scaled FP8 operands, fp32
+// accumulation (CUBLAS_COMPUTE_32F), bf16 or f32 output (f32 with beta = 1 accumulates weight
+// gradients).
 #pragma once
 
 #include <cublasLt.h>
@@ -20,14 +21,24 @@ enum class GemmEpilogue : int {
   gelu_backward,  // out = product · gelu'(aux)
 };
 
+// How an operand is stored: bf16, or FP8 (e4m3, e5m2; not both e5m2) with a device f32
+// dequantization factor, the operand standing for its bytes' values times that factor.
+enum class GemmOperand : int { bf16, e4m3, e5m2 };
+
 // out[M, N] = epilogue(alpha · op(a) · op(b) + beta · c), all row-major and contiguous:
 // a is [M, K] ([K, M] when transpose_a), b is [K, N] ([N, K] when transpose_b), c is `addend`
 // when set, else out itself (beta ≠ 0 then accumulates).
 struct GemmCall {
   void* out = nullptr;
   bool out_is_f32 = false;  // else bf16
-  const void* a = nullptr;  // bf16
-  const void* b = nullptr;  // bf16
+  const void* a = nullptr;  // a_type
+  const void* b = nullptr;  // b_type
+  // FP8 operands need both K-major (cuBLASLt's FP8 kernels take only that layout): a not
+  // transposed, b transposed, out = a · bᵀ. A transposed product casts the transposes instead.
+  GemmOperand a_type = GemmOperand::bf16, b_type = GemmOperand::bf16;
+  const float* a_scale_inv = nullptr;  // FP8 a: its dequantization factor (device)
+  const float* b_scale_inv = nullptr;  // FP8 b: likewise
+  bool fast_accumulation = false;      // FP8 only: cuBLASLt's faster, less exact accumulation
   const void* addend = nullptr;  // [M, N] in out's dtype, read with beta; null: out
   std::int64_t m = 0, n = 0, k = 0;
   bool transpose_a = false, transpose_b = false;
@@ -49,14 +60,14 @@ class CublasLtMatmul {
 
  private:
   // Everything that changes the descriptors or the algorithm cuBLASLt picks: shape,
-  // transposes, output dtype, whether C is read (beta ≠ 0), the epilogue and the pointers'
-  // alignments (a, b, out, c, aux).
-  using PlanKey =
-      std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, bool, int, int, int, int, int, int>;
+  // transposes, operand and output dtypes, whether C is read (beta ≠ 0), the epilogue, the
+  // accumulation mode and the pointers' alignments (a, b, out, c, aux).
+  using PlanKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, bool, int, int, int, int, int,
+                             int, int, int, bool>;
   struct Plan;
 
   const Plan& plan_for(const GemmCall& call);
-  static void set_aux_pointer(const Plan& plan, void* aux);
+  static void set_call_pointers(const Plan& plan, const GemmCall& call);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

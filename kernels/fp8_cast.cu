@@ -1,0 +1,121 @@
+#include <cuda_fp8.h>
+
+#include <cmath>
+
+#include "block_reduce.cuh"
+#include "fp8_cast.cuh"
+#include "grid.cuh"
+
+namespace pope::kernels {
+
+namespace {
+
+constexpr int kTile = 32;       // a cast block covers kTile × kTile elements
+constexpr int kTileRows = 8;    // kTile × kTileRows threads (one dimension), kTile / kTileRows rows each
+
+// |x| as its bit pattern: for non-negative floats the unsigned order is the float order, and a
+// NaN (after fabsf, positive) sorts above +inf, so the max of the patterns is NaN when any is.
+__device__ unsigned magnitude_bits(float x) { return __float_as_uint(fabsf(x)); }
+
+__device__ void fold_amax(unsigned bits, float* amax) {
+  __shared__ unsigned partial[kWarpSize];
+  bits = block_reduce(bits, partial, MaxOp{}, 0u);
+  if (threadIdx.x == 0 && amax != nullptr)
+    atomicMax(reinterpret_cast<unsigned*>(amax), bits);
+}
+
+__device__ std::uint8_t to_fp8(float v, Fp8Format format) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, format == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+__global__ void amax_kernel(const __nv_bfloat16* x, std::size_t count, float* amax) {
+  unsigned bits = 0;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < count;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    bits = max(bits, magnitude_bits(__bfloat162float(x[i])));
+  fold_amax(bits, amax);
+}
+
+// One kTile × kTile tile per block: rows read and the row-major copy written along the columns,
+// the transposed copy written from shared memory along the rows.
+__global__ void cast_transpose_kernel(const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols,
+                                      Fp8Format format, const float* scale, std::uint8_t* out,
+                                      std::uint8_t* out_t, float* amax) {
+  __shared__ std::uint8_t tile[kTile][kTile + 4];  // padded against bank conflicts on the transposed read
+  const std::int64_t r0 = std::int64_t(blockIdx.y) * kTile, c0 = std::int64_t(blockIdx.x) * kTile;
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const float s = *scale;
+  unsigned bits = 0;
+  for (int k = ty; k < kTile; k += kTileRows) {
+    const std::int64_t r = r0 + k, c = c0 + tx;
+    if (r < rows && c < cols) {
+      const float v = __bfloat162float(x[r * cols + c]);
+      bits = max(bits, magnitude_bits(v));
+      const std::uint8_t q = to_fp8(v * s, format);
+      if (out != nullptr) out[r * cols + c] = q;
+      tile[k][tx] = q;
+    }
+  }
+  if (out_t != nullptr) {
+    __syncthreads();
+    for (int k = ty; k < kTile; k += kTileRows) {
+      const std::int64_t c = c0 + k, r = r0 + tx;
+      if (r < rows && c < cols) out_t[c * rows + r] = tile[tx][k];
+    }
+  }
+  fold_amax(bits, amax);
+}
+
+__global__ void update_scales_kernel(float* amax, float* history, int length, float* scale, float* scale_inv,
+                                     int count, float max_value, float margin_factor) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const float a = amax[i];
+  amax[i] = 0.0f;
+  if (!isfinite(a)) return;
+  float* h = history + std::int64_t(i) * length;
+  float m = a;
+  for (int j = length - 1; j > 0; --j) {
+    h[j] = h[j - 1];
+    m = fmaxf(m, h[j]);
+  }
+  h[0] = a;
+  const float s = max_value / m * margin_factor;
+  if (m > 0.0f && isfinite(s)) {
+    scale[i] = s;
+    scale_inv[i] = 1.0f / s;
+  }
+}
+
+}  // namespace
+
+cudaError_t fp8_amax_bf16(const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols, float* amax,
+                          cudaStream_t stream) {
+  const std::size_t count = std::size_t(rows) * std::size_t(cols);
+  if (count == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  amax_kernel<<<grid_stride_blocks(count, kThreads), kThreads, 0, stream>>>(x, count, amax);
+  return cudaGetLastError();
+}
+
+cudaError_t fp8_cast_transpose_bf16(const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                                    const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax,
+                                    cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const dim3 blocks(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
+  if (blocks.y > 65535u) return cudaErrorInvalidValue;
+  cast_transpose_kernel<<<blocks, kTile * kTileRows, 0, stream>>>(x, rows, cols, format, scale, out, out_t, amax);
+  return cudaGetLastError();
+}
+
+cudaError_t fp8_update_scales(float* amax, float* history, int length, float* scale, float* scale_inv, int count,
+                              Fp8Format format, int margin, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  if (length < 1) return cudaErrorInvalidValue;
+  constexpr int kThreads = 128;
+  update_scales_kernel<<<(count + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      amax, history, length, scale, scale_inv, count, fp8_max(format), std::ldexp(1.0f, -margin));
+  return cudaGetLastError();
+}
+
+}  // namespace pope::kernels

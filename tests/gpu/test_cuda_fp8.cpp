@@ -1,0 +1,292 @@
+// The FP8 building blocks of train.precision = "fp8": the scaled casts (kernels/fp8_cast.cuh)
+// bit for bit against the host's conversion of cuda_fp8.h, their amax with zeros, an outlier and
+// non-finite values, the delayed-scaling update, and cuBLASLt's FP8 products (e4m3 · e4m3,
+// e5m2 · e4m3, into bf16 and accumulated into f32) against an f32 product of the same dequantised
+// operands. Reports SKIPPED (visibly) without a GPU or on one without FP8 tensor cores (before sm_89).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/cublaslt_matmul.hpp"
+#include "cuda/cuda_device.hpp"
+#include "fp8_cast.cuh"
+#include "model/bf16.hpp"
+
+namespace {
+
+using pope::kernels::Fp8Format;
+
+std::string why_no_fp8() {
+  if (pope::cuda_device_count() == 0) return "no CUDA device";
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess) throw std::runtime_error("cudaGetDeviceProperties failed");
+  if (properties.major * 10 + properties.minor >= 89) return {};
+  return "FP8 tensor cores need sm_89 or later, this is sm_" + std::to_string(properties.major) +
+         std::to_string(properties.minor);
+}
+
+#define SKIP_WITHOUT_FP8()                                  \
+  if (const std::string why = why_no_fp8(); !why.empty()) { \
+    GTEST_SKIP() << why;                                    \
+  }
+
+// Device memory for `count` elements of T, freed on scope exit.
+template <class T> class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t count) : count_(count) {
+    if (cudaMalloc(&data_, count * sizeof(T)) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+  }
+  DeviceArray(const std::vector<T>& values) : DeviceArray(values.size()) { upload(values); }
+  ~DeviceArray() { cudaFree(data_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() const { return data_; }
+  void upload(const std::vector<T>& values) {
+    EXPECT_EQ(cudaMemcpy(data_, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> download() const {
+    std::vector<T> values(count_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(values.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return values;
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t count_;
+};
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& values) {
+  std::vector<__nv_bfloat16> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = __float2bfloat16(values[i]);
+  return out;
+}
+
+std::vector<float> normal_values(std::size_t count, std::uint64_t seed, float sigma) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> values(count);
+  for (float& v : values) v = __bfloat162float(__float2bfloat16(normal(engine)));
+  return values;
+}
+
+// The host conversion the kernels must match, and its inverse.
+std::uint8_t host_fp8(float v, Fp8Format format) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, format == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
+}
+float host_fp8_value(std::uint8_t q, Fp8Format format) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(q, format == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
+  return __half2float(__half(h));
+}
+
+float amax_of(const std::vector<float>& values) {
+  float m = 0;
+  for (float v : values) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+struct Cast {
+  std::vector<std::uint8_t> out, out_t;
+  float amax;
+};
+
+Cast cast(const std::vector<float>& x, std::int64_t rows, std::int64_t cols, Fp8Format format, float scale,
+          float amax_before = 0.0f) {
+  DeviceArray<__nv_bfloat16> in(to_bf16(x));
+  DeviceArray<float> scale_d(std::vector<float>{scale}), amax_d(std::vector<float>{amax_before});
+  DeviceArray<std::uint8_t> out(x.size()), out_t(x.size());
+  EXPECT_EQ(pope::kernels::fp8_cast_transpose_bf16(in.get(), rows, cols, format, scale_d.get(), out.get(), out_t.get(),
+                                                   amax_d.get(), nullptr),
+            cudaSuccess);
+  return {out.download(), out_t.download(), amax_d.download()[0]};
+}
+
+// Both layouts equal the host's conversion element for element, on a shape that is not a
+// multiple of the 32 × 32 tile, in both formats, values past the format's range saturating.
+TEST(CudaFp8, CastTransposeEqualsTheHostConversionAndTheAmaxIsExact) {
+  SKIP_WITHOUT_FP8();
+  constexpr std::int64_t kRows = 45, kCols = 70;
+  for (Fp8Format format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    std::vector<float> x = normal_values(kRows * kCols, 3, 2.0f);
+    x[17] = -300.0f;  // × 4 is past e4m3's 448: saturates to −448
+    const float scale = 4.0f;
+    const Cast got = cast(x, kRows, kCols, format, scale);
+    for (std::int64_t r = 0; r < kRows; ++r)
+      for (std::int64_t c = 0; c < kCols; ++c) {
+        const std::uint8_t want = host_fp8(x[r * kCols + c] * scale, format);
+        ASSERT_EQ(got.out[r * kCols + c], want) << "row " << r << " col " << c;
+        ASSERT_EQ(got.out_t[c * kRows + r], want) << "transposed, row " << r << " col " << c;
+      }
+    EXPECT_EQ(got.amax, amax_of(x));
+    if (format == Fp8Format::e4m3) {
+      EXPECT_EQ(host_fp8_value(got.out[17], format), -448.0f);
+    }
+  }
+}
+
+// The running amax only grows: a cast of zeros keeps the amax it was given (and writes zeros);
+// a huge outlier becomes the amax; a NaN or an infinity makes it non-finite.
+TEST(CudaFp8, AmaxKeepsZerosOutliersAndNonFiniteValues) {
+  SKIP_WITHOUT_FP8();
+  constexpr std::int64_t kRows = 33, kCols = 40;
+  const Cast zeros = cast(std::vector<float>(kRows * kCols, 0.0f), kRows, kCols, Fp8Format::e4m3, 1.0f, 0.5f);
+  EXPECT_EQ(zeros.amax, 0.5f);
+  for (std::uint8_t q : zeros.out) ASSERT_EQ(host_fp8_value(q, Fp8Format::e4m3), 0.0f);
+
+  std::vector<float> x = normal_values(kRows * kCols, 4, 1.0f);
+  x[kRows * kCols - 1] = 1.0e30f;
+  EXPECT_EQ(cast(x, kRows, kCols, Fp8Format::e5m2, 1.0f).amax, __bfloat162float(__float2bfloat16(1.0e30f)));
+
+  x[5] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(cast(x, kRows, kCols, Fp8Format::e4m3, 1.0f).amax, std::numeric_limits<float>::infinity());
+  x[6] = -std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(cast(x, kRows, kCols, Fp8Format::e4m3, 1.0f).amax));
+
+  // fp8_amax_bf16 alone folds the same way.
+  DeviceArray<__nv_bfloat16> in(to_bf16(x));
+  DeviceArray<float> amax(std::vector<float>{0.0f});
+  ASSERT_EQ(pope::kernels::fp8_amax_bf16(in.get(), kRows, kCols, amax.get(), nullptr), cudaSuccess);
+  EXPECT_TRUE(std::isnan(amax.download()[0]));
+}
+
+// Delayed scaling over a history of 3: the scale follows the history's max, a non-finite amax
+// is skipped (history and scale kept), a zero history keeps the last scale, amax is reset.
+TEST(CudaFp8, DelayedScalingFollowsTheHistoryAndSkipsNonFiniteAmax) {
+  SKIP_WITHOUT_FP8();
+  constexpr int kLength = 3, kCount = 2, kMargin = 1;
+  DeviceArray<float> amax(kCount), history(std::vector<float>(kCount * kLength, 0.0f)),
+      scale(std::vector<float>(kCount, 1.0f)), scale_inv(std::vector<float>(kCount, 1.0f));
+  auto step = [&](float a0, float a1) {
+    amax.upload({a0, a1});
+    EXPECT_EQ(pope::kernels::fp8_update_scales(amax.get(), history.get(), kLength, scale.get(), scale_inv.get(), kCount,
+                                               Fp8Format::e4m3, kMargin, nullptr),
+              cudaSuccess);
+    return scale.download();
+  };
+  const float top = 448.0f / 2.0f;  // fp8 max over 2^margin
+  EXPECT_EQ(step(4.0f, 0.0f), (std::vector<float>{top / 4.0f, 1.0f}));  // tensor 1: zero history, scale kept
+  EXPECT_EQ(step(2.0f, std::nanf("")), (std::vector<float>{top / 4.0f, 1.0f}));  // 4 still in the history
+  EXPECT_EQ(step(1.0f, std::numeric_limits<float>::infinity()), (std::vector<float>{top / 4.0f, 1.0f}));
+  EXPECT_EQ(step(1.0f, 8.0f), (std::vector<float>{top / 2.0f, top / 8.0f}));  // 4 has left the history
+  EXPECT_EQ(scale_inv.download(), (std::vector<float>{2.0f / top, 8.0f / top}));
+  EXPECT_EQ(amax.download(), (std::vector<float>{0.0f, 0.0f}));
+  EXPECT_EQ(history.download(), (std::vector<float>{1.0f, 1.0f, 2.0f, 8.0f, 0.0f, 0.0f}));
+}
+
+// out = a · bᵀ through cuBLASLt on FP8 operands equals the f32 product of the dequantised
+// operands to within f32 accumulation and the output's rounding: the quantisation error itself
+// is not in this comparison, since both sides use the same FP8 values.
+void expect_fp8_product(Fp8Format a_format, Fp8Format b_format, bool out_f32, bool fast) {
+  constexpr std::int64_t kM = 96, kN = 80, kK = 128;
+  const std::vector<float> a = normal_values(kM * kK, 11, 1.0f), b = normal_values(kN * kK, 12, 0.05f);
+  const float a_scale = 448.0f / amax_of(a) / 2.0f, b_scale = 448.0f / amax_of(b) / 2.0f;
+  const Cast qa = cast(a, kM, kK, a_format, a_scale), qb = cast(b, kN, kK, b_format, b_scale);
+  DeviceArray<std::uint8_t> a_d(qa.out), b_d(qb.out);
+  DeviceArray<float> a_inv(std::vector<float>{1.0f / a_scale}), b_inv(std::vector<float>{1.0f / b_scale});
+  const std::vector<float> prior = normal_values(kM * kN, 13, 1.0f);
+  std::vector<double> want(kM * kN);
+  for (std::int64_t i = 0; i < kM; ++i)
+    for (std::int64_t j = 0; j < kN; ++j) {
+      double sum = 0;
+      for (std::int64_t k = 0; k < kK; ++k)
+        sum += double(host_fp8_value(qa.out[i * kK + k], a_format)) / a_scale *
+               double(host_fp8_value(qb.out[j * kK + k], b_format)) / b_scale;
+      want[i * kN + j] = sum + (out_f32 ? prior[i * kN + j] : 0.0);
+    }
+  std::vector<float> got;
+  pope::cuda::CublasLtMatmul matmul;
+  pope::cuda::GemmCall call;
+  call.m = kM, call.n = kN, call.k = kK, call.transpose_b = true;
+  call.a = a_d.get(), call.b = b_d.get();
+  call.a_type = a_format == Fp8Format::e4m3 ? pope::cuda::GemmOperand::e4m3 : pope::cuda::GemmOperand::e5m2;
+  call.b_type = b_format == Fp8Format::e4m3 ? pope::cuda::GemmOperand::e4m3 : pope::cuda::GemmOperand::e5m2;
+  call.a_scale_inv = a_inv.get(), call.b_scale_inv = b_inv.get(), call.fast_accumulation = fast;
+  if (out_f32) {
+    DeviceArray<float> out(prior);
+    call.out = out.get(), call.out_is_f32 = true, call.beta = 1.0f;  // accumulates, as weight gradients do
+    matmul.run(call, nullptr);
+    got = out.download();
+  } else {
+    DeviceArray<__nv_bfloat16> out(kM * kN);
+    call.out = out.get();
+    matmul.run(call, nullptr);
+    for (__nv_bfloat16 v : out.download()) got.push_back(__bfloat162float(v));
+  }
+  double error = 0, norm = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    error += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  // bf16 output rounds each element by up to 2^-9 relative; Hopper's FP8 tensor cores keep about
+  // 14 bits between promotions to f32, so the f32 output is held to 1e-3, not to f32 rounding.
+  EXPECT_LT(std::sqrt(error / norm), out_f32 ? 1e-3 : 5e-3)
+      << "a " << int(a_format) << " b " << int(b_format) << (fast ? " fast accumulation" : "");
+}
+
+TEST(CudaFp8, ProductsEqualTheDequantisedF32Product) {
+  SKIP_WITHOUT_FP8();
+  expect_fp8_product(Fp8Format::e4m3, Fp8Format::e4m3, false, true);   // forward: x · Wᵀ
+  expect_fp8_product(Fp8Format::e5m2, Fp8Format::e4m3, false, false);  // input gradient: dy · W
+  expect_fp8_product(Fp8Format::e5m2, Fp8Format::e4m3, true, false);   // weight gradient, accumulated
+}
+
+// And the FP8 product with quantisation against the exact f32 product of the bf16 operands:
+// within FP8's error bound. e4m3 keeps 3 mantissa bits, so rounding leaves about 2.6% rms relative
+// error per operand and 3.7% in each product term; independent terms keep that ratio in the sum.
+TEST(CudaFp8, ForwardProductIsWithinFp8sErrorOfTheExactProduct) {
+  SKIP_WITHOUT_FP8();
+  constexpr std::int64_t kM = 64, kN = 64, kK = 256;
+  const std::vector<float> a = normal_values(kM * kK, 21, 1.0f), b = normal_values(kN * kK, 22, 1.0f);
+  const float a_scale = 448.0f / amax_of(a), b_scale = 448.0f / amax_of(b);
+  const Cast qa = cast(a, kM, kK, Fp8Format::e4m3, a_scale), qb = cast(b, kN, kK, Fp8Format::e4m3, b_scale);
+  DeviceArray<std::uint8_t> a_d(qa.out), b_d(qb.out);
+  DeviceArray<float> a_inv(std::vector<float>{1.0f / a_scale}), b_inv(std::vector<float>{1.0f / b_scale});
+  DeviceArray<__nv_bfloat16> out(kM * kN);
+  pope::cuda::CublasLtMatmul matmul;
+  pope::cuda::GemmCall call;
+  call.m = kM, call.n = kN, call.k = kK, call.transpose_b = true, call.out = out.get();
+  call.a = a_d.get(), call.b = b_d.get(), call.a_type = call.b_type = pope::cuda::GemmOperand::e4m3;
+  call.a_scale_inv = a_inv.get(), call.b_scale_inv = b_inv.get();
+  matmul.run(call, nullptr);
+  const std::vector<__nv_bfloat16> got = out.download();
+  double error = 0, norm = 0;
+  for (std::int64_t i = 0; i < kM; ++i)
+    for (std::int64_t j = 0; j < kN; ++j) {
+      double want = 0;
+      for (std::int64_t k = 0; k < kK; ++k) want += double(a[i * kK + k]) * b[j * kK + k];
+      const double d = __bfloat162float(got[i * kN + j]) - want;
+      error += d * d;
+      norm += want * want;
+    }
+  const double relative = std::sqrt(error / norm);
+  EXPECT_LT(relative, 0.06);
+  EXPECT_GT(relative, 1e-3);  // it is FP8: an exact match would mean the operands were not quantised
+}
+
+// Layouts cuBLASLt's FP8 kernels do not take are refused before anything is enqueued.
+TEST(CudaFp8, ProductsOutsideTheKMajorLayoutAreRefused) {
+  SKIP_WITHOUT_FP8();
+  DeviceArray<std::uint8_t> a(64 * 64), b(64 * 64);
+  DeviceArray<float> one(std::vector<float>{1.0f});
+  DeviceArray<__nv_bfloat16> out(64 * 64);
+  pope::cuda::CublasLtMatmul matmul;
+  pope::cuda::GemmCall call;
+  call.m = call.n = call.k = 64, call.out = out.get(), call.a = a.get(), call.b = b.get();
+  call.a_type = call.b_type = pope::cuda::GemmOperand::e4m3, call.a_scale_inv = call.b_scale_inv = one.get();
+  EXPECT_THROW(matmul.run(call, nullptr), std::logic_error);  // b not transposed
+  call.transpose_b = true, call.a_type = call.b_type = pope::cuda::GemmOperand::e5m2;
+  EXPECT_THROW(matmul.run(call, nullptr), std::logic_error);  // e5m2 · e5m2
+  call.a_type = pope::cuda::GemmOperand::e4m3, call.b_scale_inv = nullptr;
+  EXPECT_THROW(matmul.run(call, nullptr), std::logic_error);  // no dequantization factor
+}
+
+}  // namespace
