@@ -1,6 +1,7 @@
 // pope-bench: benchmarks. `train` times whole optimizer steps of a config's model and can dump
 // one forward/backward for the PyTorch oracle (scripts/reference/torch_gpt.py); `attention`
-// times the CUDA attention per encoding and sequence length.
+// times the CUDA attention per encoding and sequence length; `sample` times generation;
+// `matmul` times the linear layers' products in bf16 and in FP8.
 // Exit codes: 0 done, 1 runtime/data error, 2 usage or config error.
 #include <spdlog/spdlog.h>
 
@@ -13,6 +14,7 @@
 #include "pope/bench.hpp"
 #include "pope/checkpoint.hpp"
 #include "pope/config.hpp"
+#include "pope/matmul_bench.hpp"
 #include "pope/position.hpp"
 #include "tools/console_log.hpp"
 #include "tools/enum_option.hpp"
@@ -181,6 +183,39 @@ int run_sample(const SampleCommand& cmd) {
   return 0;
 }
 
+struct MatmulCommand {
+  std::string config_path, json_path;
+  std::vector<std::string> overrides;
+  pope::MatmulBenchOptions options;
+};
+
+void add_matmul_command(CLI::App& app, MatmulCommand& cmd) {
+  CLI::App* matmul = app.add_subcommand(
+      "matmul",
+      "Time the products of the config's linear layers (qkv, attention output, MLP in and out: forward, input "
+      "gradient, weight gradient, on train.micro_batch_size × train.seq_len rows) in bf16 as the training step runs "
+      "them and in per-tensor scaled FP8 through cuBLASLt (e4m3 operands, e5m2 gradients), and the FP8 casts apart "
+      "(median of CUDA event pairs, the phases interleaved). Needs a CUDA device with FP8 tensor cores (sm_89+).");
+  matmul->add_option("-c,--config", cmd.config_path, "JSON config file; a bare name resolves in configs/")->required();
+  matmul->add_option("-s,--set", cmd.overrides, "override a config key (repeatable)");
+  matmul->add_option("--warmup", cmd.options.warmup, "untimed rounds of every product first")
+      ->default_val(5)
+      ->check(pope::tools::integer_check(cmd.options.warmup, 0));
+  matmul->add_option("--repeats", cmd.options.repeats, "timed calls per product (median reported)")
+      ->default_val(20)
+      ->check(pope::tools::integer_check(cmd.options.repeats, 1));
+  matmul->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
+      ->check(pope::tools::kOutputFile);
+}
+
+int run_matmul(const MatmulCommand& cmd) {
+  const pope::RunConfig config = pope::load_config(cmd.config_path, cmd.overrides);
+  const pope::MatmulBenchResult result = pope::run_matmul_benchmark(config, cmd.options);
+  std::cout << pope::format_matmul_bench(result);
+  if (!cmd.json_path.empty()) write_json(cmd.json_path, pope::matmul_bench_to_json(result));
+  return 0;
+}
+
 }  // namespace
 
 // Every model.position.kind once, a tab and what it is: the list the bench scripts and the
@@ -203,6 +238,8 @@ int main(int argc, char** argv) {
   add_attention_command(app, attention);
   SampleCommand sample;
   add_sample_command(app, sample);
+  MatmulCommand matmul;
+  add_matmul_command(app, matmul);
   app.add_subcommand("encodings",
                      "List every model.position.kind (aliases left out), one per line: the name, a tab, what it "
                      "is. Scripts that run every encoding read this list.");
@@ -218,6 +255,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("attention")) return run_attention(attention);
     if (app.got_subcommand("encodings")) return run_encodings();
     if (app.got_subcommand("sample")) return run_sample(sample);
+    if (app.got_subcommand("matmul")) return run_matmul(matmul);
     return run_train(train);
   } catch (const pope::ConfigError& e) {
     spdlog::error("config error: {}", e.what());

@@ -98,6 +98,16 @@ expect_output "\"/dev/null\" is not a regular file"
 expect_exit 1 "$BENCH" train --config "$SCRATCH/tiny.json" --data --set data.train="$SCRATCH/absent.bin"
 expect_output "absent.bin"
 
+# matmul: bad options exit 2 naming the flag; without a GPU (or one before sm_89) a clear exit 1.
+expect_exit 0 "$BENCH" matmul --help
+expect_output "FP8"
+expect_exit 2 "$BENCH" matmul --config "$SCRATCH/tiny.json" --repeats 0
+expect_output "--repeats"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_exit 1 "$BENCH" matmul --config "$SCRATCH/tiny.json"
+  expect_output "CUDA"
+fi
+
 # --dump-step: a readable safetensors file with weights, batch, loss, gradients and the config.
 expect_exit 0 "$BENCH" train --config "$SCRATCH/tiny.json" --dump-step "$SCRATCH/pope.safetensors" \
   --set model.position.pope.delta_init=uniform
