@@ -91,7 +91,9 @@ struct KvCacheLayer {
 // forward over the same tokens. `past` holds p0 when the call runs: a backend that records a
 // decode step (a CUDA graph) reads the position there, so that one recording replays at every
 // new position, and tabulates the bias b_h(Δ) for the cache's whole capacity (the same values:
-// a bias depends on the lag alone). `position` is the context of the call being queued.
+// a bias depends on the lag alone). Steps of a cache with raw keys are never recorded (their
+// transform changes with the length), so a backend may size their work from `position`, the
+// context of the call being queued.
 struct AttentionDecode {
   AttentionShape shape;  // seq_len: n, the new rows per sequence
   const PositionEncoding* encoding = nullptr;

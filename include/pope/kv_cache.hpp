@@ -27,6 +27,7 @@ class KvCache {
   }
   // Whether one-token decode steps are recorded and replayed on backends that record work
   // (a CUDA graph; the default). Off, every step is queued eagerly: the same numbers, slower.
+  // A cache with raw keys (dynamic NTK) queues every step eagerly either way.
   void set_record_steps(bool on) { record_steps_ = on; }
 
  private:

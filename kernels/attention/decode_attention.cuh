@@ -9,7 +9,7 @@
 // (deterministic). p0 is read from device memory, and the grid depends on the cache's capacity
 // only, so that one recorded step (a CUDA graph) serves every position. f32 arithmetic, bf16
 // in and out.
-// Test: pope_gpu_tests --gtest_filter='CudaDecode*' (against the CPU reference of every encoding).
+// Test: pope_gpu_tests --gtest_filter='*CudaDecode*' (against the CPU reference of every encoding).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -26,29 +26,44 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 65535;
 constexpr int kSliceSequences = 8;  // sequences of the batch one thread transforms
 
+// Where the kernels find a side's input rows x (the queries'; the keys' `key_columns` further on)
+// and its encoded rows. A call's (call_layout): qkv's column blocks and [B, H, T, qk_width].
+struct QkLayout {
+  RowLayout x, encoded;
+  std::int64_t key_columns = 0;
+};
+
+__host__ __device__ QkLayout call_layout(const AttentionDims& dims) {
+  const std::int64_t channels = std::int64_t(dims.n_head) * dims.head_dim, row = 3 * channels;
+  QkLayout layout;
+  layout.x = {std::int64_t(dims.seq_len) * row, dims.head_dim, row};
+  const std::int64_t encoded_head = std::int64_t(dims.seq_len) * dims.qk_width;
+  layout.encoded = {dims.n_head * encoded_head, encoded_head, dims.qk_width};
+  layout.key_columns = channels;
+  return layout;
+}
+
 // Where one thread's channel group lives in the first sequence b0 of its slice: head h's q or k
-// columns at position t in qkv, and its encoded row; the slice's sequence b0 + j adds j times
+// columns at row t of x (qkv), and its encoded row; the slice's sequence b0 + j adds j times
 // BatchStride's offsets.
 struct GroupSite {
   int c0;  // first channel of the group, 0..d−1
   int h;
   int t;                 // row of the call
   double position;       // absolute position of t
-  std::int64_t encoded;  // offset of the encoded row ((b0·H + h)·T + t)·qk_width
-  std::int64_t qkv;      // offset of the head's q or k columns in row b0·T + t of qkv
+  std::int64_t encoded;  // offset of the encoded row (((b0·H + h)·T + t)·qk_width in a call)
+  std::int64_t qkv;      // offset of the head's q or k columns of row t in x (row b0·T + t of qkv in a call)
   int sequences;         // sequences in the slice: b0 .. b0 + sequences − 1
 };
 
 // Offsets from one sequence of the batch to the next.
 struct BatchStride {
-  std::int64_t qkv;      // T rows of 3·H·d
-  std::int64_t encoded;  // H·T rows of qk_width
+  std::int64_t qkv;      // in x (T rows of 3·H·d in a call)
+  std::int64_t encoded;  // in the encoded rows (H·T rows of qk_width in a call)
 };
 
-__device__ BatchStride batch_stride(const AttentionDims& dims) {
-  return {std::int64_t(dims.seq_len) * 3 * dims.n_head * dims.head_dim,
-          std::int64_t(dims.n_head) * dims.seq_len * dims.qk_width};
-}
+__device__ BatchStride batch_stride(const QkLayout& layout) { return {layout.x.sequence, layout.encoded.sequence}; }
+__device__ BatchStride batch_stride(const AttentionDims& dims) { return batch_stride(call_layout(dims)); }
 
 __host__ __device__ int batch_slices(const AttentionDims& dims) {
   return (dims.batch + kSliceSequences - 1) / kSliceSequences;
@@ -68,27 +83,29 @@ __host__ __device__ std::int64_t thread_count(const AttentionDims& dims, int gro
 
 bool threads_fit_32_bits(const AttentionDims& dims) { return thread_count(dims, 1) <= 0xffffffffll; }
 
-__device__ GroupSite site_at(const AttentionDims& dims, int offset, bool is_key, int slice, int t, int h, int c0) {
-  const std::int64_t channels = std::int64_t(dims.n_head) * dims.head_dim, b0 = std::int64_t(slice) * kSliceSequences;
+__device__ GroupSite site_at(const AttentionDims& dims, const QkLayout& layout, int offset, bool is_key, int slice,
+                             int t, int h, int c0) {
+  const std::int64_t b0 = std::int64_t(slice) * kSliceSequences;
   GroupSite site;
   site.c0 = c0;
   site.h = h;
   site.t = t;
   site.position = double(offset) + double(t);
-  site.encoded = ((b0 * dims.n_head + h) * dims.seq_len + t) * dims.qk_width;
-  site.qkv = (b0 * dims.seq_len + t) * 3 * channels + (is_key ? channels : 0) + std::int64_t(h) * dims.head_dim;
+  site.encoded = b0 * layout.encoded.sequence + h * layout.encoded.head + t * layout.encoded.row;
+  site.qkv = b0 * layout.x.sequence + h * layout.x.head + t * layout.x.row + (is_key ? layout.key_columns : 0);
   site.sequences = int(dims.batch - b0 < kSliceSequences ? dims.batch - b0 : kSliceSequences);
   return site;
 }
 
 // Thread `index` of a launch with `group` channels per thread (group divides head_dim): sites
 // fastest, group before head before position, then slices.
-__device__ GroupSite site_of(std::int64_t index, const AttentionDims& dims, int offset, bool is_key, int group) {
+__device__ GroupSite site_of(std::int64_t index, const AttentionDims& dims, const QkLayout& layout, int offset,
+                             bool is_key, int group) {
   const unsigned narrow = unsigned(index), groups = unsigned(dims.head_dim / group),
                  sites = unsigned(site_count(dims, group));
   const unsigned slice = narrow / sites, site = narrow - slice * sites;
   const unsigned head_row = site / groups, t = head_row / unsigned(dims.n_head);
-  return site_at(dims, offset, is_key, int(slice), int(t), int(head_row - t * unsigned(dims.n_head)),
+  return site_at(dims, layout, offset, is_key, int(slice), int(t), int(head_row - t * unsigned(dims.n_head)),
                  int(site - head_row * groups) * group);
 }
 
@@ -183,7 +200,7 @@ __global__ void encode_pj_rotary_kernel(AttentionDims dims, QkTransformParams tr
   const std::int64_t total = thread_count(dims, width);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of(i, dims, first_position(transform), is_key, width);
+    const GroupSite site = site_of(i, dims, call_layout(dims), first_position(transform), is_key, width);
     const PjShear<kChannels> shear(transform.shear_rate * site.position, channels, is_key);
     const PhaseRotation turn = rotation_by(site.position * transform.frequencies[site.c0 / width]);
     for (int b = 0; b < site.sequences; ++b) {
@@ -227,7 +244,7 @@ __global__ void encode_pj_rotary_backward_kernel(AttentionDims dims, QkTransform
   const std::int64_t total = thread_count(dims, width);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of(i, dims, first_position(transform), is_key, width);
+    const GroupSite site = site_of(i, dims, call_layout(dims), first_position(transform), is_key, width);
     const PjShear<kChannels> shear(transform.shear_rate * site.position, channels, is_key);
     const PhaseRotation turn = rotation_by(site.position * transform.frequencies[site.c0 / width]);
     for (int b = 0; b < site.sequences; ++b) {
@@ -259,9 +276,7 @@ __global__ void encode_pj_rotary_backward_kernel(AttentionDims dims, QkTransform
 // The group copied unchanged into the encoded rows of the site's sequences (identity; RoPE's
 // channels past its rotary pairs).
 template <int kGroup>
-__device__ void copy_group(const AttentionDims& dims, const GroupSite& site, const __nv_bfloat16* x,
-                           __nv_bfloat16* y) {
-  const BatchStride step = batch_stride(dims);
+__device__ void copy_group(const BatchStride& step, const GroupSite& site, const __nv_bfloat16* x, __nv_bfloat16* y) {
 #pragma unroll 4
   for (int b = 0; b < site.sequences; ++b) store_bf16<kGroup>(y + b * step.encoded, load_group_at<kGroup>(x + b * step.qkv));
 }
@@ -281,28 +296,30 @@ __device__ void round_group(const AttentionDims& dims, const GroupSite& site, co
   }
 }
 
-// blockIdx.y selects queries (0) or keys (1). RoPE with kGroup > 1 needs rotary_pairs % kGroup == 0,
-// so that a group lies wholly among the first channels of pairs, the second ones, or the rest.
+// blockIdx.y + first_side selects queries (0) or keys (1); `qkv` is the layout's x. RoPE with
+// kGroup > 1 needs rotary_pairs % kGroup == 0, so that a group lies wholly among the first
+// channels of pairs, the second ones, or the rest.
 template <int kGroup>
-__global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform, const __nv_bfloat16* qkv,
-                                 __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded) {
+__global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform, QkLayout layout,
+                                 const __nv_bfloat16* qkv, __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded,
+                                 int first_side) {
   allow_dependents();
   wait_for_producer();
-  const bool is_key = blockIdx.y == 1;
+  const bool is_key = int(blockIdx.y) + first_side == 1;
   __nv_bfloat16* encoded = is_key ? k_encoded : q_encoded;
   const int d = dims.head_dim, pairs = transform.rotary_pairs;
-  const BatchStride step = batch_stride(dims);
+  const BatchStride step = batch_stride(layout);
   const std::int64_t total = thread_count(dims, kGroup);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of(i, dims, first_position(transform), is_key, kGroup);
+    const GroupSite site = site_of(i, dims, layout, first_position(transform), is_key, kGroup);
     const int c0 = site.c0;
     const __nv_bfloat16* x = qkv + site.qkv + c0;
     __nv_bfloat16* y = encoded + site.encoded + c0;
     PhaseRotation r[kGroup];
     switch (transform.kind) {
       case QkTransformKind::identity:
-        copy_group<kGroup>(dims, site, x, y);
+        copy_group<kGroup>(step, site, x, y);
         break;
       case QkTransformKind::rope:
         // Channels c < pairs write the pair (c, c + pairs); channels past 2·pairs pass through.
@@ -325,7 +342,7 @@ __global__ void encode_qk_kernel(AttentionDims dims, QkTransformParams transform
             store_bf16<kGroup>(y + b * step.encoded + pairs, out_second);
           }
         } else if (c0 >= 2 * pairs) {
-          copy_group<kGroup>(dims, site, x, y);
+          copy_group<kGroup>(step, site, x, y);
         }
         break;
       case QkTransformKind::pope: {
@@ -362,7 +379,7 @@ __global__ void encode_qk_backward_kernel(AttentionDims dims, QkTransformParams 
   const std::int64_t total = thread_count(dims, kGroup);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const GroupSite site = site_of(i, dims, first_position(transform), is_key, kGroup);
+    const GroupSite site = site_of(i, dims, call_layout(dims), first_position(transform), is_key, kGroup);
     const int c0 = site.c0;
     const Grad* dy = dencoded + site.encoded + c0;
     __nv_bfloat16* dx = dqkv + site.qkv + c0;
@@ -463,7 +480,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const bool owns_group = row < tiling.positions && c0 < d;
   float sum[kGroup] = {};
   if (owns_group && t < dims.seq_len) {
-    const GroupSite site = site_at(dims, first_position(transform), true, slice, t, h, c0);
+    const GroupSite site = site_at(dims, call_layout(dims), first_position(transform), true, slice, t, h, c0);
     PhaseRotation r[kGroup];
     bool sums[kGroup];
 #pragma unroll
@@ -556,13 +573,18 @@ bool scaled_without_tables(const QkTransformParams& transform) {
 bool nothing_to_do(const AttentionDims& dims) { return dims.batch <= 0 || site_count(dims, 1) == 0; }
 
 // Calls launch(std::integral_constant<int, G>{}) with G = kVectorGroup when every channel group
-// of 8 is one aligned 16-byte vector (two for f32 rows) at every pointer (null ones aside), else G = 1.
+// of 8 is one aligned 16-byte vector (two for f32 rows) at every pointer (null ones aside) and
+// every stride of `layouts` (a call's are multiples of the head dim), else G = 1.
 template <class Launch>
 cudaError_t with_group(const AttentionDims& dims, const QkTransformParams& transform,
-                       std::initializer_list<const void*> pointers, Launch&& launch) {
+                       std::initializer_list<const void*> pointers, Launch&& launch,
+                       std::initializer_list<RowLayout> layouts = {}) {
   const bool pairs_fit = transform.kind != QkTransformKind::rope || transform.rotary_pairs % kVectorGroup == 0;
   bool vectorizable = dims.head_dim % kVectorGroup == 0 && dims.qk_width % kVectorGroup == 0 && pairs_fit;
   for (const void* pointer : pointers) vectorizable = vectorizable && aligned_to(pointer, 16);
+  for (const RowLayout& rows : layouts)
+    vectorizable = vectorizable && rows.sequence % kVectorGroup == 0 && rows.head % kVectorGroup == 0 &&
+                   rows.row % kVectorGroup == 0;
   if (vectorizable) return launch(std::integral_constant<int, kVectorGroup>{});
   return launch(std::integral_constant<int, 1>{});
 }
@@ -615,8 +637,35 @@ cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transf
   return with_group(dims, transform, {qkv, q_encoded, k_encoded}, [&](auto group) {
     constexpr int kGroup = decltype(group)::value;
     return launch_dependent(encode_qk_kernel<kGroup>, dim3(grid_for(thread_count(dims, kGroup)), 2), dim3(kThreads),
-                            stream, dims, transform, qkv, q_encoded, k_encoded);
+                            stream, dims, transform, call_layout(dims), qkv, q_encoded, k_encoded, 0);
   });
+}
+
+RowLayout qkv_rows(const AttentionDims& dims) { return call_layout(dims).x; }
+
+RowLayout cache_rows(int n_head, int capacity, int width) {
+  const std::int64_t head = std::int64_t(capacity) * width;
+  return {n_head * head, head, width};
+}
+
+cudaError_t encode_keys(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* x,
+                        const RowLayout& x_rows, __nv_bfloat16* k_encoded, const RowLayout& encoded_rows,
+                        cudaStream_t stream) {
+  if (nothing_to_do(dims)) return cudaSuccess;
+  // PJ-rotary has kernels of its own, which take a call's layout only.
+  if (!threads_fit_32_bits(dims) || scaled_without_tables(transform) || transform.kind == QkTransformKind::pj_rotary)
+    return cudaErrorInvalidValue;
+  QkLayout layout;
+  layout.x = x_rows;
+  layout.encoded = encoded_rows;
+  return with_group(
+      dims, transform, {x, k_encoded},
+      [&](auto group) {
+        constexpr int kGroup = decltype(group)::value;
+        return launch_dependent(encode_qk_kernel<kGroup>, dim3(grid_for(thread_count(dims, kGroup)), 1),
+                                dim3(kThreads), stream, dims, transform, layout, x, nullptr, k_encoded, 1);
+      },
+      {x_rows, encoded_rows});
 }
 
 namespace {

@@ -1,12 +1,15 @@
 // The encoding's q/k transform over a whole attention call, and its backward: q, k columns
 // of qkv (bf16) → encoded rows q̃, k̃ (bf16 [B, H, T, qk_width], the math in f32 and rounded
-// once at the end, where PyTorch rounds its rotated q/k too), and back from f32 gradients.
+// once at the end, where PyTorch rounds its rotated q/k too), and back from f32 gradients; the
+// keys alone also between a key cache's rows (encode_keys).
+// Test: pope_gpu_tests --gtest_filter='CudaQkTransform*' (the attention tests run it against the CPU).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "attention/attention_params.cuh"
 
@@ -20,6 +23,26 @@ namespace pope::kernels {
 // for calls with 2^32 or more (position, head, channel) sites.
 cudaError_t encode_qk(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* qkv,
                       __nv_bfloat16* q_encoded, __nv_bfloat16* k_encoded, cudaStream_t stream);
+
+// Where rows of one side lie, in elements from its first: row t of head h of sequence b starts at
+// b·sequence + h·head + t·row.
+struct RowLayout {
+  std::int64_t sequence = 0, head = 0, row = 0;
+};
+// The q (or, from C = H·d elements further on, the k) columns of a call's qkv [B·T, 3C].
+RowLayout qkv_rows(const AttentionDims& dims);
+// The rows of a key/value cache [B, H, capacity, width] (pope/backend.hpp's KvCacheLayer).
+RowLayout cache_rows(int n_head, int capacity, int width);
+
+// The keys of encode_qk alone, between other layouts: rows [0, dims.seq_len) of x (x_rows) →
+// k̃ (encoded_rows), with encode_qk's kernel and arithmetic, so that a key encoded here is bitwise
+// the one encode_qk gives at its position. The decode of a transform that changes with the length
+// (dynamic NTK) copies its new raw keys into the cache with it (identity) and encodes the cached
+// ones again at each new length. 16-byte vectors where encode_qk takes them and every stride is a
+// multiple of 8; the same refusals as encode_qk.
+cudaError_t encode_keys(const AttentionDims& dims, const QkTransformParams& transform, const __nv_bfloat16* x,
+                        const RowLayout& x_rows, __nv_bfloat16* k_encoded, const RowLayout& encoded_rows,
+                        cudaStream_t stream);
 
 // Backward of encode_qk: OVERWRITES the q and k column blocks of dqkv with dL/dq, dL/dk
 // from the gradients of q̃ and k̃ (the v block is left alone). A null dq_encoded or dk_encoded

@@ -6,6 +6,8 @@
 //   backward: encode q̃, k̃ again → dq̃, dk̃ (f32) and dv → transform backward → dqkv (bf16),
 //             plus the encoding's parameter gradients (PoPE's δ; a learned bias's parameters
 //             from the fused kernel's diagonal sums Ĝ), accumulated in f32.
+//   decode:   encode the new rows' q̃, k̃ → attention over the key/value cache, appending to it
+//             (dynamic NTK first encodes the cache's raw keys again at the new length).
 // A learned bias (a PJ-bias, lag buckets: cuda/learned_bias.hpp) has its table built on the
 // device from the layer's parameters, on a side stream while q̃, k̃ are encoded; the forward
 // keeps it with q̃, k̃ for the backward, which reduces Ĝ and the parameters' gradients on that
@@ -157,6 +159,30 @@ void check_impl(std::string_view op, AttentionImpl impl, const PositionEncoding&
 // Elements of q̃ (or k̃) of a call: [B, H, T, W].
 std::size_t encoded_elements(const AttentionDims& dims) {
   return std::size_t(dims.batch) * dims.n_head * dims.seq_len * dims.qk_width;
+}
+
+// A decode call's cache of raw keys (KvCacheLayer::raw_keys, dynamic NTK): the new rows' raw keys
+// into its rows [p0, p0 + n), then its rows [0, p0) encoded again with `transform` (this call's
+// frequencies) into the cache's keys. The CPU encodes rows [0, p0 + n) again; the decode kernel
+// appends the new rows' k̃ from encode_qk, the same values, itself. The host's p0 sizes the work:
+// such steps are never recorded, so it is the one in `past`.
+void encode_cached_keys_again(const AttentionDims& dims, int capacity, int p0, const QkTransformParams& transform,
+                              const __nv_bfloat16* qkv, __nv_bfloat16* raw_keys, __nv_bfloat16* keys,
+                              cudaStream_t stream) {
+  AttentionDims raw = dims;
+  raw.qk_width = dims.head_dim;
+  const kernels::RowLayout raw_rows = kernels::cache_rows(dims.n_head, capacity, dims.head_dim);
+  const std::int64_t channels = std::int64_t(dims.n_head) * dims.head_dim;
+  POPE_CUDA_CHECK(kernels::encode_keys(raw, QkTransformParams{}, qkv + channels, kernels::qkv_rows(dims),
+                                       raw_keys + std::int64_t(p0) * dims.head_dim, raw_rows, stream));
+  AttentionDims cached = dims;
+  cached.seq_len = p0;
+  QkTransformParams from_zero = transform;  // positions 0 … p0 − 1
+  from_zero.position_offset = 0;
+  from_zero.position_offset_at = nullptr;
+  from_zero.phases = from_zero.key_phases = nullptr;  // a phase table would hold the new rows' positions
+  POPE_CUDA_CHECK(kernels::encode_keys(cached, from_zero, raw_keys, raw_rows, keys,
+                                       kernels::cache_rows(dims.n_head, capacity, dims.qk_width), stream));
 }
 
 // The context of a call of this shape, for questions whose answer does not depend on the
@@ -422,10 +448,7 @@ void AttentionRunner::decode(const AttentionDecode& args, cudaStream_t stream) {
   constexpr std::string_view op = "attention_decode";
   checks::check_attention_call(op, args.shape, args.encoding, args.position);
   const PositionEncoding& encoding = *args.encoding;
-  require(!(encoding.transforms_qk() && encoding.transform_varies_with_length()), op,
-          fmt::format("encoding '{}' encodes its cached keys again at every length (dynamic NTK), which the GPU "
-                      "decode does not do; decode it on the CPU (--device cpu)",
-                      encoding.kind()));
+  const bool reencode = encoding.transforms_qk() && encoding.transform_varies_with_length();
   AttentionDims dims;  // the new rows
   dims.batch = args.shape.batch;
   dims.seq_len = args.shape.seq_len;
@@ -453,6 +476,21 @@ void AttentionRunner::decode(const AttentionDecode& args, cudaStream_t stream) {
           fmt::format("{} cached + {} new rows exceed the cache's capacity of {} (or the {} positions the GPU "
                       "kernels support)",
                       p0, dims.seq_len, capacity, kernels::kMaxAttentionSeqLen));
+  const Tensor& raw_keys = args.cache.raw_keys;
+  if (reencode) {
+    require(raw_keys.dtype == DType::bf16 && raw_keys.shape == Shape{dims.batch, dims.n_head, capacity, dims.head_dim},
+            op,
+            fmt::format("encoding '{}' encodes its cached keys again at every length, from cache.raw_keys: {} {}, "
+                        "expected bf16 [{}, {}, {}, {}]",
+                        encoding.kind(), dtype_name(raw_keys.dtype), shape_string(raw_keys.shape), dims.batch,
+                        dims.n_head, capacity, dims.head_dim));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    POPE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    require(capture == cudaStreamCaptureStatusNone, op,
+            fmt::format("encoding '{}' changes its frequencies with the length, so its decode steps cannot be recorded "
+                        "(a CUDA graph) and replayed; queue them eagerly (KvCache::set_record_steps(false))",
+                        encoding.kind()));
+  }
   check_vector(op, "past", args.past, DType::i32, 1);
   const auto* past = static_cast<const int*>(args.past.data);
   const kernels::DecodeDims decode_dims{dims.batch,    dims.n_head, dims.seq_len,
@@ -463,13 +501,19 @@ void AttentionRunner::decode(const AttentionDecode& args, cudaStream_t stream) {
 
   // Everything but p0 is that of a call over the whole cache, so that the work queued here is
   // the same at every position (a recorded step replays it): the transform's plan (which also
-  // checks that every position of the cache is in range), the scale and the bias table.
+  // checks that every position of the cache is in range), the scale and the bias table. A
+  // transform that changes with the length takes the plan of this call's positions [0, p0 + n)
+  // instead (queries and keys alike, as on the CPU): its steps are never recorded (Model::run_decode).
   const PositionContext whole{capacity, args.position.train_length, dims.n_head, dims.head_dim, 0};
-  const TransformPlan transform_plan = encoding.transform_plan(whole);
+  const PositionContext covered{p0 + dims.seq_len, args.position.train_length, dims.n_head, dims.head_dim, 0};
+  const TransformPlan transform_plan = encoding.transform_plan(reencode ? covered : whole);
   const QkTransformParams transform = scratch_->transform(transform_plan, args.position, params, stream, past);
   auto* q_new = reserve_elements<__nv_bfloat16>(scratch_->q, encoded_elements(dims));
   auto* k_new = reserve_elements<__nv_bfloat16>(scratch_->k, encoded_elements(dims));
   const auto* qkv = static_cast<const __nv_bfloat16*>(args.qkv.data);
+  if (reencode)
+    encode_cached_keys_again(dims, capacity, p0, transform, qkv, static_cast<__nv_bfloat16*>(raw_keys.data),
+                             static_cast<__nv_bfloat16*>(keys.data), stream);
   POPE_CUDA_CHECK(kernels::encode_qk(dims, transform, qkv, q_new, k_new, stream));
   const BiasPlan bias_plan = encoding.bias_plan(whole);
   const std::optional<LearnedBias> learned = scratch_->learned_bias(bias_plan, whole, params, {}, stream);

@@ -168,11 +168,13 @@ void Model::upload_decode_inputs(KvCache& cache, std::span<const std::int32_t> t
 // Queues the decode call of n rows per sequence whose inputs (the cached length, then the
 // tokens) are in b.inputs: a one-token step runs eagerly once (it reserves the scratch it
 // needs), is then recorded and replayed at every later position while the backend's scratch
-// stays as recorded.
+// stays as recorded. A cache that encodes its keys again at every length (raw keys: dynamic
+// NTK) queues every step eagerly: its frequencies change with the length, which a replay cannot.
 void Model::run_decode(KvCache& cache, int n, bool all_rows) {
   KvCache::Buffers& b = *cache.buffers_;
   Backend& be = backend_;
-  const bool step = n == 1 && !all_rows && cache.record_steps_ && be.supports_graphs();
+  const bool step =
+      n == 1 && !all_rows && cache.record_steps_ && cache.raw_keys_.empty() && be.supports_graphs();
   const std::uint64_t scratch = be.scratch_generation();
   if (step && b.step && b.step_scratch == scratch) {
     b.step->replay();

@@ -12,7 +12,8 @@
 //   13× below one average term (B·T = 770 of them), so a wrong, missing or doubled (b, t) term
 //   fails it.
 //   Both take dq̃, dk̃ in bf16 too (as the fused attention leaves PoPE's) and give bit for bit
-//   what they give from the same values in f32.
+//   what they give from the same values in f32;
+// - encode_keys, between a key cache's rows, gives encode_qk's k̃ bit for bit.
 // Reports SKIPPED without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -108,6 +109,100 @@ TEST(CudaQkTransform, RopePhaseTableGivesThePerPositionTransformExactly) {
     // The kernels do read the table: zeroed entries (cos = sin = 0) change q̃.
     POPE_CUDA_CHECK(cudaMemset(phases, 0, entries * sizeof(float2)));
     EXPECT_FALSE(same_numbers(per_position.q, run(tabulated).q)) << "q̃ did not change with a zeroed table";
+  }
+}
+
+// kernels::encode_keys gives encode_qk's k̃ bit for bit between a key cache's rows: from qkv's k
+// columns into rows [r0, r0 + T) of a cache, and (as dynamic NTK's decode does) from there
+// copied raw (identity) into a cache of raw keys and encoded again from it with the positions
+// counted from its row 0. RoPE with vector groups (d = 64), single channels (d = 12) and half the
+// channels rotating, and PoPE (twice as wide, δ on keys), over two slices of the batch; the cache
+// rows outside the call stay as they were.
+TEST(CudaQkTransform, EncodeKeysIntoACacheGiveEncodeQksKeys) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_backend(DeviceChoice::cuda);
+  const int B = 10, T = 37, H = 3, capacity = 50, r0 = 9;
+  struct Case {
+    const char* name;
+    QkTransformKind kind;
+    int d, rotary_pairs;
+  };
+  for (const Case& c :
+       {Case{"rope d 64", QkTransformKind::rope, 64, 32}, Case{"rope d 12", QkTransformKind::rope, 12, 6},
+        Case{"rope, half rotating", QkTransformKind::rope, 64, 16}, Case{"pope d 64", QkTransformKind::pope, 64, 0}}) {
+    SCOPED_TRACE(c.name);
+    const int d = c.d, W = c.kind == QkTransformKind::pope ? 2 * d : d;
+    const std::int64_t rows = std::int64_t(B) * T, C = std::int64_t(H) * d;
+    const OwnedTensor qkv =
+        test::make_tensor(*gpu, {rows, 3 * C}, DType::bf16, test::random_bf16_values(rows * 3 * C, 9));
+    const OwnedTensor delta =
+        test::make_tensor(*gpu, {H * d}, DType::f32, test::random_bf16_values(std::size_t(H) * d, 10));
+    const std::vector<double> omega = frequencies_of(c.kind == QkTransformKind::pope ? d : c.rotary_pairs);
+    const OwnedTensor frequencies = allocate_tensor(*gpu, {std::int64_t(omega.size())}, DType::f64);
+    gpu->copy_from_host(frequencies.tensor, omega.data());
+    kernels::QkTransformParams plan;
+    plan.kind = c.kind;
+    plan.position_offset = r0;
+    plan.rotary_pairs = c.rotary_pairs;
+    plan.frequencies = static_cast<const double*>(frequencies.tensor.data);
+    if (c.kind == QkTransformKind::pope) plan.delta = f32_data(delta);
+
+    const kernels::AttentionDims dims{.batch = B, .seq_len = T, .n_head = H, .head_dim = d, .qk_width = W};
+    const std::int64_t encoded = std::int64_t(B) * H * T * W;
+    const OwnedTensor q_encoded = allocate_tensor(*gpu, {encoded}, DType::bf16);
+    const OwnedTensor k_encoded = allocate_tensor(*gpu, {encoded}, DType::bf16);
+    const OwnedTensor keys = allocate_tensor(*gpu, {B, H, capacity, W}, DType::bf16);
+    const OwnedTensor raw = allocate_tensor(*gpu, {B, H, capacity, d}, DType::bf16);
+    const OwnedTensor again = allocate_tensor(*gpu, {B, H, capacity, W}, DType::bf16);
+    for (const OwnedTensor* t : {&keys, &raw, &again}) test::poison(*gpu, t->tensor);
+    gpu->synchronize();  // the kernels below run on the default stream
+    const auto* source = static_cast<const __nv_bfloat16*>(qkv.tensor.data);
+    POPE_CUDA_CHECK(kernels::encode_qk(dims, plan, source, bf16_data(q_encoded), bf16_data(k_encoded), nullptr));
+    const kernels::RowLayout key_rows = kernels::cache_rows(H, capacity, W);
+    const kernels::RowLayout raw_rows = kernels::cache_rows(H, capacity, d);
+    POPE_CUDA_CHECK(kernels::encode_keys(dims, plan, source + C, kernels::qkv_rows(dims), bf16_data(keys) + r0 * W,
+                                         key_rows, nullptr));
+    kernels::AttentionDims raw_dims = dims;
+    raw_dims.qk_width = d;
+    POPE_CUDA_CHECK(kernels::encode_keys(raw_dims, kernels::QkTransformParams{}, source + C, kernels::qkv_rows(dims),
+                                         bf16_data(raw) + r0 * d, raw_rows, nullptr));
+    kernels::AttentionDims cached = dims;
+    cached.seq_len = r0 + T;  // rows [0, r0) of `raw` hold NaN, and so will those of `again`
+    kernels::QkTransformParams from_zero = plan;
+    from_zero.position_offset = 0;
+    POPE_CUDA_CHECK(
+        kernels::encode_keys(cached, from_zero, bf16_data(raw), raw_rows, bf16_data(again), key_rows, nullptr));
+    POPE_CUDA_CHECK(cudaDeviceSynchronize());
+
+    const std::vector<double> host_qkv = test::download(*gpu, qkv.tensor);
+    const std::vector<double> want = test::download(*gpu, k_encoded.tensor);
+    const std::vector<double> got = test::download(*gpu, keys.tensor), got_raw = test::download(*gpu, raw.tensor),
+                              got_again = test::download(*gpu, again.tensor);
+    std::size_t wrong = 0, wrong_raw = 0, wrong_again = 0, written_outside = 0;
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int row = 0; row < capacity; ++row) {
+          const int t = row - r0;
+          const std::size_t slot = (std::size_t(b) * H + h) * capacity + row;
+          for (int ch = 0; ch < W; ++ch) {
+            const double key = got[slot * W + ch];
+            if (t < 0 || t >= T) {
+              written_outside += !std::isnan(key) + (ch < d && !std::isnan(got_raw[slot * d + ch]));
+              continue;
+            }
+            const double k = want[((std::size_t(b) * H + h) * T + t) * W + ch];
+            wrong += key != k;
+            wrong_again += got_again[slot * W + ch] != k;
+            if (ch < d) {
+              const std::size_t x = (std::size_t(b) * T + t) * 3 * C + C + std::size_t(h) * d + ch;
+              wrong_raw += got_raw[slot * d + ch] != host_qkv[x];
+            }
+          }
+        }
+    EXPECT_EQ(wrong, 0u) << "k̃ from qkv into the cache";
+    EXPECT_EQ(wrong_raw, 0u) << "raw keys copied into the cache";
+    EXPECT_EQ(wrong_again, 0u) << "k̃ encoded again from the raw keys";
+    EXPECT_EQ(written_outside, 0u) << "cache rows outside [r0, r0 + T) written";
   }
 }
 

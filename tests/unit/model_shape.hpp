@@ -3,8 +3,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "pope/config.hpp"
+#include "pope/position.hpp"
 
 namespace pope::testing {
 
@@ -26,6 +28,30 @@ inline ModelConfig model_config(const ModelShape& shape, const std::string& posi
   c.n_embd = shape.n_embd;
   c.context_length = shape.context_length;
   c.position.kind = position_kind;
+  return c;
+}
+
+// The decode suites' cases: every registered kind, then kDynamicNtkCase, RoPE with dynamic NTK
+// (the one scaling that no model.position.kind names).
+inline constexpr const char* kDynamicNtkCase = "rope_dynamic_ntk";
+
+inline std::vector<std::string> decode_cases() {
+  std::vector<std::string> cases = position_kinds();
+  cases.emplace_back(kDynamicNtkCase);
+  return cases;
+}
+
+// model_config for a decode case. kDynamicNtkCase has one layer: past the training length a full
+// forward feeds every row's later layers inputs computed at the new length, while a cache keeps
+// the values and raw keys its rows had at their own lengths (it encodes only those keys again), so
+// the two agree only in the first layer.
+inline ModelConfig decode_case_config(const ModelShape& shape, const std::string& name) {
+  const bool dynamic_ntk = name == kDynamicNtkCase;
+  ModelConfig c = model_config(shape, dynamic_ntk ? "rope" : name);
+  if (dynamic_ntk) {
+    c.position.rope.scaling.kind = RopeScalingKind::dynamic_ntk;
+    c.n_layer = 1;
+  }
   return c;
 }
 

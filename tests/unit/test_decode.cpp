@@ -1,6 +1,7 @@
 // Incremental decoding with the key/value cache (Model::decode, Backend::attention_decode on the
-// CPU) for every encoding of the registry: each step's logits equal a full forward's over the
-// same tokens, prefill in one call or in pieces, within the training length and past it.
+// CPU) for every encoding of the registry and RoPE with dynamic NTK (its cached keys encoded again
+// at every length; one layer, see decode_case_config): each step's logits equal a full forward's
+// over the same tokens, prefill in one call or in pieces, within the training length and past it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,12 +21,12 @@ namespace {
 
 constexpr int kBatch = 2;
 
-ModelConfig decode_model(const std::string& kind, int context_length) {
+ModelConfig decode_model(const std::string& name, int context_length) {
   // Head dim 8 takes every method's constraints (RoPE pairs, PJ-rotary blocks of 4 at K = 1).
-  return pope::testing::model_config(
+  return pope::testing::decode_case_config(
       {.vocab_size = 61, .padded_vocab_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 16,
        .context_length = context_length},
-      kind);
+      name);
 }
 
 // Initialised weights moved off their exact initial values (zero T5 buckets, zero PoPE δ), so
@@ -130,7 +131,7 @@ TEST_P(DecodeSuite, PastTheTrainingLengthOrRefused) {
   EXPECT_NO_THROW((void)model.make_kv_cache(1, 8));
 }
 
-INSTANTIATE_TEST_SUITE_P(Registry, DecodeSuite, ::testing::ValuesIn(position_kinds()),
+INSTANTIATE_TEST_SUITE_P(Registry, DecodeSuite, ::testing::ValuesIn(pope::testing::decode_cases()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(Decode, RefusesCallsTheCacheCannotHold) {
