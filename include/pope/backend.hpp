@@ -248,6 +248,28 @@ class Backend {
   virtual void rmsnorm_matmul(Tensor out, Tensor norm, Tensor rstd, Tensor x, Tensor gain, double eps, Tensor w,
                               std::optional<MatmulEpilogue> epilogue = std::nullopt, Tensor aux = {});
 
+  // FP8 (train.precision = "fp8"): per-tensor scaled e4m3 / e5m2 operands of the linear layers'
+  // products, a tensor x standing as its bytes' values times 1 / scale. The CUDA backend runs them
+  // on FP8 tensor cores (has_fp8_tensor_cores); the CPU backend computes them exactly, as the
+  // reference the GPU's are tested against, and does not train with them.
+  //
+  // fp8_cast: out (e4m3 | e5m2 [R, C]) = fp8(x · scale) and out_t ([C, R], same dtype) its
+  // transpose, either empty, rounded as float_to_fp8 (model/fp8.hpp); amax (f32 [1]) becomes
+  // max(amax, max |x|), NaN or +inf when x holds one. x: the activation dtype [R, C]; scale f32 [1].
+  virtual void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) = 0;
+  // Delayed scaling of k tensors of `format` (amax, scale, scale_inv f32 [k]; history f32 [k, L],
+  // newest first): a finite amax[i] is pushed into history row i, and where that row's max m > 0,
+  // scale[i] = fp8 max / m / 2^margin and scale_inv[i] = 1 / scale[i]; a non-finite amax changes
+  // nothing. Every amax is then reset to 0.
+  virtual void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
+                                 int margin) = 0;
+  // out [M, N] = (a / a_scale) · (b / b_scale)ᵀ + beta · out, given the inverse scales: a [M, K] and
+  // b [N, K] FP8, not both e5m2; a_scale_inv, b_scale_inv f32 [1]; out the activation dtype
+  // (beta 0) or f32. fast_accumulation lets the GPU accumulate less exactly (forward products).
+  virtual void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
+                          bool fast_accumulation) = 0;
+  virtual bool has_fp8_tensor_cores() const { return false; }
+
   // GELU, tanh approximation. backward writes dx = dout · gelu'(x) (dx may alias dout).
   virtual void gelu_forward(Tensor out, Tensor x) = 0;
   virtual void gelu_backward(Tensor dx, Tensor dout, Tensor x) = 0;

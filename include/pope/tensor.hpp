@@ -12,7 +12,8 @@
 
 namespace pope {
 
-enum class DType : std::uint8_t { f32, f64, bf16, i32, u16 };
+// e4m3, e5m2: FP8 (train.precision = "fp8"), one byte each, read with a per-tensor scale held beside.
+enum class DType : std::uint8_t { f32, f64, bf16, i32, u16, e4m3, e5m2 };
 enum class DeviceKind : std::uint8_t { cpu, cuda };
 
 std::size_t dtype_size(DType dtype);

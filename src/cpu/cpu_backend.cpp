@@ -17,6 +17,7 @@
 #include "cpu/cpu_ops.hpp"
 #include "cpu/cpu_parallel.hpp"
 #include "model/bf16.hpp"
+#include "model/fp8.hpp"
 
 namespace pope {
 
@@ -77,6 +78,8 @@ template <class Real> class CpuBackend final : public Backend {
       case DType::i32: fill_as(threads_, t, static_cast<std::int32_t>(value)); return;
       case DType::bf16: fill_as(threads_, t, float_to_bf16(static_cast<float>(value))); return;
       case DType::u16: fill_as(threads_, t, static_cast<std::uint16_t>(value)); return;
+      case DType::e4m3:
+      case DType::e5m2: std::memset(t.data, float_to_fp8(static_cast<float>(value), t.dtype), t.nbytes()); return;
     }
   }
 
@@ -123,6 +126,17 @@ template <class Real> class CpuBackend final : public Backend {
   void gelu_backward(Tensor dx, Tensor dout, Tensor x) override { cpu::gelu_backward<Real>(threads_, dx, dout, x); }
   void add(Tensor out, Tensor a, Tensor b) override { cpu::add<Real>(threads_, out, a, b); }
   void clamp(Tensor x, double lowest, double highest) override { cpu::clamp<Real>(threads_, x, lowest, highest); }
+  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) override {
+    cpu::fp8_cast<Real>(threads_, out, out_t, x, scale, amax);
+  }
+  void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
+                         int margin) override {
+    cpu::fp8_update_scales(amax, history, scale, scale_inv, format, margin);
+  }
+  void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
+                  bool /*fast_accumulation: the CPU is exact*/) override {
+    cpu::fp8_matmul<Real>(threads_, out, a, a_scale_inv, b, b_scale_inv, beta);
+  }
   void attention_forward(const AttentionForward& args) override { cpu::attention_forward<Real>(threads_, args); }
   void attention_backward(const AttentionBackward& args) override { cpu::attention_backward<Real>(threads_, args); }
   void attention_decode(const AttentionDecode& args) override { cpu::attention_decode<Real>(threads_, args); }

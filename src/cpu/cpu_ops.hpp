@@ -49,6 +49,12 @@ void cross_entropy(int threads, Tensor losses, Tensor logits, Tensor targets, in
 template <class Real>
 void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance);
 
+// cpu_fp8.cpp
+template <class Real> void fp8_cast(int threads, Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax);
+void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format, int margin);
+template <class Real>
+void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta);
+
 // cpu_optimizer.cpp
 template <class Real> double sum_of_squares(int threads, Tensor x);
 template <class Real> void sum_of_squares_into(int threads, Tensor result, Tensor x);

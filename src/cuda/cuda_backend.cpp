@@ -31,7 +31,10 @@
 #include "embedding.cuh"
 #include "few_rows_matmul.cuh"
 #include "fill.cuh"
+#include "fp8_cast.cuh"
 #include "model/bf16.hpp"
+#include "model/fp8.hpp"
+#include "model/fp8_checks.hpp"
 #include "reduce.cuh"
 #include "rmsnorm.cuh"
 
@@ -56,6 +59,13 @@ using cuda::require;
 using kernels::DeviceErrorRecord;
 
 __nv_bfloat16* bf16_data(const Tensor& t) { return static_cast<__nv_bfloat16*>(t.data); }
+
+kernels::Fp8Format kernel_format(DType format) {
+  return format == DType::e4m3 ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2;
+}
+cuda::GemmOperand gemm_operand(DType format) {
+  return format == DType::e4m3 ? cuda::GemmOperand::e4m3 : cuda::GemmOperand::e5m2;
+}
 
 kernels::FloatKind float_kind(DType dtype) {
   switch (dtype) {
@@ -206,6 +216,7 @@ class CudaBackend final : public Backend {
     cudaDeviceProp properties{};
     POPE_CUDA_CHECK(cudaGetDeviceProperties(&properties, device_index));
     description_ = fmt::format("cuda ({}, sm_{}{}, bf16)", properties.name, properties.major, properties.minor);
+    fp8_tensor_cores_ = properties.major * 10 + properties.minor >= 89;
     // Non-blocking: the legacy default stream, which libraries may use, never serialises with ours.
     POPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     POPE_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(DeviceErrorRecord)));
@@ -262,6 +273,8 @@ class CudaBackend final : public Backend {
         status = kernels::fill_u16(static_cast<std::uint16_t*>(t.data), count, bits, stream_);
         break;
       }
+      case DType::e4m3:
+      case DType::e5m2: status = cudaMemsetAsync(t.data, float_to_fp8(float(value), t.dtype), count, stream_); break;
     }
     launched(status, "fill");
   }
@@ -491,6 +504,46 @@ class CudaBackend final : public Backend {
              "clamp");
   }
 
+  // ---- FP8 (the casts of kernels/fp8_cast.cuh, cuBLASLt's FP8 products) ---------------------------
+
+  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) override {
+    const checks::Fp8CastShape shape = checks::check_fp8_cast(DeviceKind::cuda, out, out_t, x, DType::bf16, scale, amax);
+    require_fp8_tensor_cores("fp8_cast");
+    launched(kernels::fp8_cast_transpose_bf16(bf16_data(x), shape.rows, shape.cols, kernel_format(shape.format),
+                                              scale.as<float>(), static_cast<std::uint8_t*>(out.data),
+                                              static_cast<std::uint8_t*>(out_t.data), amax.as<float>(), stream_),
+             "fp8_cast");
+  }
+
+  void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
+                         int margin) override {
+    const std::int64_t k = checks::check_fp8_update(DeviceKind::cuda, amax, history, scale, scale_inv, format);
+    launched(kernels::fp8_update_scales(amax.as<float>(), history.as<float>(), int(history.dim(1)), scale.as<float>(),
+                                        scale_inv.as<float>(), int(k), kernel_format(format), margin, stream_),
+             "fp8_update_scales");
+  }
+
+  void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
+                  bool fast_accumulation) override {
+    const checks::Fp8MatmulShape shape =
+        checks::check_fp8_matmul(DeviceKind::cuda, out, a, a_scale_inv, b, b_scale_inv, DType::bf16);
+    require_fp8_tensor_cores("fp8_matmul");
+    if (shape.m == 0 || shape.n == 0) return;
+    cuda::GemmCall call;
+    call.out = out.data;
+    call.out_is_f32 = out.dtype == DType::f32;
+    call.a = a.data, call.b = b.data;
+    call.m = shape.m, call.n = shape.n, call.k = shape.k;
+    call.transpose_b = true;  // out = a · bᵀ: both operands K-major
+    call.a_type = gemm_operand(a.dtype), call.b_type = gemm_operand(b.dtype);
+    call.a_scale_inv = a_scale_inv.as<float>(), call.b_scale_inv = b_scale_inv.as<float>();
+    call.beta = float(beta);
+    call.fast_accumulation = fast_accumulation;
+    matmul_->run(call, stream_);
+  }
+
+  bool has_fp8_tensor_cores() const override { return fp8_tensor_cores_; }
+
   // ---- attention (the attention runner's kernels) ---------------------------------------------
 
   void attention_forward(const AttentionForward& args) override { attention_->forward(args, stream_); }
@@ -695,7 +748,12 @@ class CudaBackend final : public Backend {
     }
   }
 
+  void require_fp8_tensor_cores(std::string_view op) const {
+    require(fp8_tensor_cores_, op, fmt::format("{} has no FP8 tensor cores (they need sm_89 or later)", description_));
+  }
+
   std::string description_;
+  bool fp8_tensor_cores_ = false;  // sm_89 and later
   cudaStream_t stream_ = nullptr;
   DeviceErrorRecord* device_error_ = nullptr;
   double* sum_result_ = nullptr;

@@ -13,6 +13,8 @@ std::size_t dtype_size(DType dtype) {
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::u16: return 2;
+    case DType::e4m3: return 1;
+    case DType::e5m2: return 1;
   }
   throw std::logic_error("unknown dtype");
 }
@@ -24,6 +26,8 @@ std::string_view dtype_name(DType dtype) {
     case DType::bf16: return "bf16";
     case DType::i32: return "i32";
     case DType::u16: return "u16";
+    case DType::e4m3: return "e4m3";
+    case DType::e5m2: return "e5m2";
   }
   return "?";
 }

@@ -2,7 +2,9 @@
 // bit for bit against the host's conversion of cuda_fp8.h, their amax with zeros, an outlier and
 // non-finite values, the delayed-scaling update, and cuBLASLt's FP8 products (e4m3 · e4m3,
 // e5m2 · e4m3, into bf16 and accumulated into f32) against an f32 product of the same dequantised
-// operands. Reports SKIPPED (visibly) without a GPU or on one without FP8 tensor cores (before sm_89).
+// operands; then the CUDA backend's FP8 ops against the CPU backend's. Reports SKIPPED (visibly)
+// without a GPU or on one without FP8 tensor cores (before sm_89), except the first test, which
+// holds the CPU reference's conversion (model/fp8.hpp) to cuda_fp8.h's on the host, bit for bit.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
@@ -16,10 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_backend.hpp"
 #include "cuda/cublaslt_matmul.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda_op_test_support.hpp"
 #include "cuda/cuda_device.hpp"
 #include "fp8_cast.cuh"
 #include "model/bf16.hpp"
+#include "model/fp8.hpp"
 
 namespace {
 
@@ -92,6 +98,28 @@ float amax_of(const std::vector<float>& values) {
   float m = 0;
   for (float v : values) m = std::max(m, std::fabs(v));
   return m;
+}
+
+// Every bf16 value (so every value a bf16 tensor times a power-of-two scale can hold), times a few
+// scales, and the specials: the CPU's conversion is CUDA's, in both formats.
+TEST(CudaFp8, HostConversionEqualsCudasOnEveryBf16Value) {
+  for (Fp8Format format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    const pope::DType dtype = format == Fp8Format::e4m3 ? pope::DType::e4m3 : pope::DType::e5m2;
+    for (float scale : {1.0f, 3.0f, 0.7f})
+      for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+        const float v = pope::bf16_to_float(std::uint16_t(bits)) * scale;
+        ASSERT_EQ(pope::float_to_fp8(v, dtype), host_fp8(v, format))
+            << pope::dtype_name(dtype) << " value " << v << " (bf16 bits " << bits << ", scale " << scale << ")";
+      }
+    for (int code = 0; code < 256; ++code) {
+      const float want = host_fp8_value(std::uint8_t(code), format), got = pope::fp8_to_float(std::uint8_t(code), dtype);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << code;
+      } else {
+        EXPECT_EQ(got, want) << pope::dtype_name(dtype) << " code " << code;
+      }
+    }
+  }
 }
 
 struct Cast {
@@ -287,6 +315,74 @@ TEST(CudaFp8, ProductsOutsideTheKMajorLayoutAreRefused) {
   EXPECT_THROW(matmul.run(call, nullptr), std::logic_error);  // e5m2 · e5m2
   call.a_type = pope::cuda::GemmOperand::e4m3, call.b_scale_inv = nullptr;
   EXPECT_THROW(matmul.run(call, nullptr), std::logic_error);  // no dequantization factor
+}
+
+// The CUDA backend's FP8 ops against the CPU backend's on the same values: the casts (both
+// layouts and the amax) and the scale update bit for bit, the products within bf16's rounding of
+// the output and the tensor cores' accumulation.
+class CudaFp8Ops : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = why_no_fp8(); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+    gpu_ = pope::make_cuda_backend(0);
+    cpu_ = pope::make_cpu_backend("float", 0);
+  }
+  std::unique_ptr<pope::Backend> gpu_, cpu_;
+};
+
+TEST_F(CudaFp8Ops, CastsAndScalesEqualTheCpuBitwiseAndProductsWithinTolerance) {
+  using pope::DType;
+  using pope::test::make_tensor;
+  constexpr std::int64_t M = 70, N = 48, K = 96;
+  std::vector<float> a = normal_values(M * K, 31, 1.0f), b = normal_values(N * K, 32, 0.02f);
+  a[5] = 3000.0f;  // past e4m3's range once scaled: saturates on both
+  const std::vector<float> a_scale{0.2f}, b_scale{5000.0f}, zero{0.0f};
+  struct Side {
+    pope::OwnedTensor a, b, a8, a8_t, b8, sa, sb, amax_a, amax_b, out;
+  };
+  auto side = [&](pope::Backend& be, DType activation) {
+    Side s{make_tensor(be, {M, K}, activation, a), make_tensor(be, {N, K}, activation, b),
+           pope::allocate_tensor(be, {M, K}, DType::e4m3), pope::allocate_tensor(be, {K, M}, DType::e4m3),
+           pope::allocate_tensor(be, {N, K}, DType::e4m3), make_tensor(be, {1}, DType::f32, a_scale),
+           make_tensor(be, {1}, DType::f32, b_scale), make_tensor(be, {1}, DType::f32, zero),
+           make_tensor(be, {1}, DType::f32, zero), make_tensor(be, {M, N}, DType::f32, std::vector<float>(M * N, 0.5f))};
+    be.fp8_cast(s.a8.tensor, s.a8_t.tensor, s.a.tensor, s.sa.tensor, s.amax_a.tensor);
+    be.fp8_cast(s.b8.tensor, {}, s.b.tensor, s.sb.tensor, s.amax_b.tensor);
+    const std::vector<float> inv_a{1.0f / a_scale[0]}, inv_b{1.0f / b_scale[0]};
+    const pope::OwnedTensor ia = make_tensor(be, {1}, DType::f32, inv_a), ib = make_tensor(be, {1}, DType::f32, inv_b);
+    be.fp8_matmul(s.out.tensor, s.a8.tensor, ia.tensor, s.b8.tensor, ib.tensor, 1.0, false);
+    be.synchronize();
+    return s;
+  };
+  const Side g = side(*gpu_, DType::bf16), c = side(*cpu_, DType::f32);
+  auto bytes = [](pope::Backend& be, const pope::OwnedTensor& t) {
+    std::vector<std::uint8_t> out(std::size_t(t.tensor.numel()));
+    be.copy_to_host(out.data(), t.tensor);
+    return out;
+  };
+  EXPECT_EQ(bytes(*gpu_, g.a8), bytes(*cpu_, c.a8));
+  EXPECT_EQ(bytes(*gpu_, g.a8_t), bytes(*cpu_, c.a8_t));
+  EXPECT_EQ(bytes(*gpu_, g.b8), bytes(*cpu_, c.b8));
+  EXPECT_EQ(pope::test::download(*gpu_, g.amax_a.tensor), pope::test::download(*cpu_, c.amax_a.tensor));
+  EXPECT_EQ(pope::test::download(*gpu_, g.amax_b.tensor), pope::test::download(*cpu_, c.amax_b.tensor));
+  EXPECT_LT(pope::test::relative_error(pope::test::download(*gpu_, g.out.tensor), pope::test::download(*cpu_, c.out.tensor)),
+            1e-3);
+
+  // The scale update, with a history of 2, over amax values finite and not.
+  const std::vector<float> amax{3.0f, std::nanf(""), 0.0f, 1e-30f}, history(8, 0.5f), ones(4, 1.0f);
+  auto update = [&](pope::Backend& be) {
+    const pope::OwnedTensor am = make_tensor(be, {4}, DType::f32, amax), h = make_tensor(be, {4, 2}, DType::f32, history),
+                            s = make_tensor(be, {4}, DType::f32, ones), si = make_tensor(be, {4}, DType::f32, ones);
+    be.fp8_update_scales(am.tensor, h.tensor, s.tensor, si.tensor, DType::e5m2, 0);
+    be.synchronize();
+    std::vector<double> all = pope::test::download(be, s.tensor);
+    for (const pope::OwnedTensor* t : {&si, &h, &am})
+      for (double v : pope::test::download(be, t->tensor)) all.push_back(v);
+    return all;
+  };
+  EXPECT_EQ(update(*gpu_), update(*cpu_));
 }
 
 }  // namespace

@@ -134,6 +134,17 @@ void ProfilingBackend::add(Tensor out, Tensor a, Tensor b) {
 void ProfilingBackend::clamp(Tensor x, double lowest, double highest) {
   timed("clamp", [&] { inner_.clamp(x, lowest, highest); });
 }
+void ProfilingBackend::fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) {
+  timed("fp8_cast", [&] { inner_.fp8_cast(out, out_t, x, scale, amax); });
+}
+void ProfilingBackend::fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
+                                         int margin) {
+  timed("fp8_update_scales", [&] { inner_.fp8_update_scales(amax, history, scale, scale_inv, format, margin); });
+}
+void ProfilingBackend::fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
+                                  double beta, bool fast_accumulation) {
+  timed("fp8_matmul", [&] { inner_.fp8_matmul(out, a, a_scale_inv, b, b_scale_inv, beta, fast_accumulation); });
+}
 void ProfilingBackend::attention_forward(const AttentionForward& args) {
   timed("attention_forward", [&] { inner_.attention_forward(args); });
 }

@@ -57,6 +57,12 @@ class ProfilingBackend final : public Backend {
   void gelu_backward(Tensor dx, Tensor dout, Tensor x) override;
   void add(Tensor out, Tensor a, Tensor b) override;
   void clamp(Tensor x, double lowest, double highest) override;
+  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) override;
+  void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
+                         int margin) override;
+  void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
+                  bool fast_accumulation) override;
+  bool has_fp8_tensor_cores() const override { return inner_.has_fp8_tensor_cores(); }
   void attention_forward(const AttentionForward& args) override;
   void attention_backward(const AttentionBackward& args) override;
   std::int64_t attention_encoded_numel(const AttentionShape& shape, const PositionEncoding& encoding) const override {
