@@ -19,8 +19,8 @@
 #   scripts/experiments/in_distribution.sh OUT_DIR [--quick] [--device auto|cpu|cuda] [--groups "base bound …"]
 #
 # --quick: a 2-layer, 64-wide model and 3 steps, to check the pipeline on a CPU; its numbers mean nothing.
-# Binaries: $POPE_BIN (the directory holding pope-train and pope-eval), else build/gpu/src, else
-# build/release/src of this checkout.
+# Binaries: $POPE_BIN (the directory holding pope-train and pope-eval), else build/gpu/src,
+# build/release/src or build/h/src of this checkout (scripts/experiments/demo_common.sh).
 set -euo pipefail
 
 usage() { echo "usage: $0 OUT_DIR [--quick] [--device auto|cpu|cuda] [--groups \"base bound scale lr warmup size epoch\"]" >&2; exit 2; }
@@ -40,26 +40,9 @@ for g in $GROUPS_RUN; do
   case $g in base | bound | scale | lr | warmup | size | epoch) ;; *) echo "$0: unknown group '$g' (base bound scale lr warmup size epoch)" >&2; exit 2 ;; esac
 done
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT_DIR"
-OUT_DIR=$(cd "$OUT_DIR" && pwd)
-cd "$ROOT"
-BIN=${POPE_BIN:-}
-if [ -z "$BIN" ]; then
-  for candidate in build/gpu/src build/release/src; do
-    [ -x "$candidate/pope-eval" ] && { BIN=$ROOT/$candidate; break; }
-  done
-fi
-[ -n "$BIN" ] && [ -x "$BIN/pope-train" ] && [ -x "$BIN/pope-eval" ] || {
-  echo "$0: pope-train/pope-eval not found; build them or set POPE_BIN" >&2; exit 1; }
-for f in data/demo/train.bin data/demo/val.bin; do
-  [ -f "$f" ] || { echo "$0: $f missing (scripts/fetch_data.sh)" >&2; exit 1; }
-done
-[ -d data/pg19_demo ] || { echo "$0: data/pg19_demo missing (scripts/fetch_data.sh)" >&2; exit 1; }
-
-RUNS=$OUT_DIR/runs LOGS=$OUT_DIR/logs
-mkdir -p "$RUNS" "$LOGS"
-: >"$OUT_DIR/commands.txt"
+# shellcheck source=scripts/experiments/demo_common.sh
+source "$(dirname "$0")/demo_common.sh"
+demo_setup "$OUT_DIR"
 
 CONFIG=configs/demo_pope_256.json
 COMMON=(--device "$DEVICE" --resume auto --quiet --seeds 1,2)
@@ -76,19 +59,6 @@ if [ "$QUICK" -eq 1 ]; then
   EVAL_SET=(--max-windows 2)
   LENGTHS=64,128
 fi
-
-# run LOG CMD…: records the command, runs it with its output in logs/LOG.log, says how long it took.
-run() {
-  local log=$1; shift
-  printf '%q ' "$@" >>"$OUT_DIR/commands.txt"; echo >>"$OUT_DIR/commands.txt"
-  local start=$SECONDS
-  if ! "$@" >"$LOGS/$log.log" 2>&1; then
-    tail -20 "$LOGS/$log.log" >&2
-    echo "$0: '$*' failed; log in $LOGS/$log.log" >&2
-    exit 1
-  fi
-  echo "$log: $((SECONDS - start)) s"
-}
 
 # group NAME ARGS…: one pope-train process training every run of the group.
 group() {

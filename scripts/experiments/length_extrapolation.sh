@@ -16,9 +16,9 @@
 #
 # --quick: a 2-layer, 64-wide model, 3 + 2 steps and 4 windows per length, to check the pipeline
 # end to end in a minute or two on a CPU; its numbers mean nothing.
-# Binaries: $POPE_BIN (the directory holding pope-train and pope-eval), else build/gpu/src, else
-# build/h/src of this checkout. Run from anywhere; paths in the configs are relative to the
-# checkout, so the script changes into it.
+# Binaries: $POPE_BIN (the directory holding pope-train and pope-eval), else build/gpu/src,
+# build/release/src or build/h/src of this checkout (scripts/experiments/demo_common.sh). Run from
+# anywhere; paths in the configs are relative to the checkout, so the script changes into it.
 set -euo pipefail
 
 usage() { echo "usage: $0 OUT_DIR [--quick] [--device auto|cpu|cuda]" >&2; exit 2; }
@@ -34,26 +34,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT_DIR"
-OUT_DIR=$(cd "$OUT_DIR" && pwd)
-cd "$ROOT"
-BIN=${POPE_BIN:-}
-if [ -z "$BIN" ]; then
-  for candidate in build/gpu/src build/h/src; do
-    [ -x "$candidate/pope-eval" ] && { BIN=$ROOT/$candidate; break; }
-  done
-fi
-[ -n "$BIN" ] && [ -x "$BIN/pope-train" ] && [ -x "$BIN/pope-eval" ] || {
-  echo "$0: pope-train/pope-eval not found; build them or set POPE_BIN" >&2; exit 1; }
-for f in data/demo/train.bin data/demo/val.bin; do
-  [ -f "$f" ] || { echo "$0: $f missing (scripts/fetch_data.sh)" >&2; exit 1; }
-done
-[ -d data/pg19_demo ] || { echo "$0: data/pg19_demo missing (scripts/fetch_data.sh)" >&2; exit 1; }
-
-RUNS=$OUT_DIR/runs LOGS=$OUT_DIR/logs
-mkdir -p "$RUNS" "$LOGS"
-: >"$OUT_DIR/commands.txt"
+# shellcheck source=scripts/experiments/demo_common.sh
+source "$(dirname "$0")/demo_common.sh"
+demo_setup "$OUT_DIR"
 
 TRAIN_SET=() FT_SET=() EVAL_SET=()
 LENGTHS=256:2560:256
@@ -64,19 +47,6 @@ if [ "$QUICK" -eq 1 ]; then
   FT_SET=("${MODEL[@]}" "${SMALL[@]}" --set train.steps=2 --set train.batch_size=2 --set train.micro_batch_size=2)
   EVAL_SET=(--max-windows 4)
 fi
-
-# run LOG CMD…: records the command, runs it with its output in logs/LOG.log, says how long it took.
-run() {
-  local log=$1; shift
-  printf '%q ' "$@" >>"$OUT_DIR/commands.txt"; echo >>"$OUT_DIR/commands.txt"
-  local start=$SECONDS
-  if ! "$@" >"$LOGS/$log.log" 2>&1; then
-    tail -20 "$LOGS/$log.log" >&2
-    echo "$0: '$*' failed; log in $LOGS/$log.log" >&2
-    exit 1
-  fi
-  echo "$log: $((SECONDS - start)) s"
-}
 
 # Pretraining at 256, then the fine-tunes at 1024 from those weights. --resume auto makes a re-run
 # continue (or skip) finished runs instead of refusing their directories.
