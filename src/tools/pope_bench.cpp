@@ -27,6 +27,22 @@ namespace {
 constexpr int kExitRuntime = 1;
 constexpr int kExitConfig = 2;
 
+// Options every timing mode shares: untimed calls first, then the timed ones (median reported),
+// and --json.
+void add_json_option(CLI::App* mode, std::string& json_path) {
+  mode->add_option("--json", json_path, "also write the numbers as one JSON object to this file")
+      ->check(pope::tools::kOutputFile);
+}
+void add_repeat_options(CLI::App* mode, int& warmup, int& repeats, int default_repeats, const std::string& untimed,
+                        const std::string& per) {
+  mode->add_option("--warmup", warmup, "untimed " + untimed + " first")
+      ->default_val(5)
+      ->check(pope::tools::integer_check(warmup, 0));
+  mode->add_option("--repeats", repeats, "timed calls per " + per + " (median reported)")
+      ->default_val(default_repeats)
+      ->check(pope::tools::integer_check(repeats, 1));
+}
+
 struct TrainCommand {
   std::string config_path, device, dump_path, json_path;
   std::vector<std::string> overrides;
@@ -57,8 +73,7 @@ void add_train_command(CLI::App& app, TrainCommand& cmd) {
   train->add_flag("--profile", cmd.options.profile,
                   "then one more step with the time of every backend op: on the GPU its device time between two CUDA "
                   "events (nothing synchronised in between), on the CPU the host time of its call");
-  train->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
-      ->check(pope::tools::kOutputFile);
+  add_json_option(train, cmd.json_path);
   train->add_option("--dump-step", cmd.dump_path,
                     "instead of timing: one forward/backward of a micro-batch, written as safetensors (weights, "
                     "tokens, targets, loss, grad.<name>) for scripts/reference/torch_gpt.py");
@@ -96,14 +111,8 @@ void add_attention_command(CLI::App& app, AttentionCommand& cmd) {
   attention->add_option("--tokens", cmd.options.tokens, "tokens per run: B = ⌊tokens / T⌋")->default_val(16384)->check(pope::tools::integer_check(cmd.options.tokens, 1));
   attention->add_option("--heads", cmd.options.n_head, "heads H")->default_val(12)->check(pope::tools::integer_check(cmd.options.n_head, 1));
   attention->add_option("--head-dim", cmd.options.head_dim, "head dimension d")->default_val(64)->check(pope::tools::integer_check(cmd.options.head_dim, 1));
-  attention->add_option("--warmup", cmd.options.warmup, "untimed forward+backward calls first")
-      ->default_val(5)
-      ->check(pope::tools::integer_check(cmd.options.warmup, 0));
-  attention->add_option("--repeats", cmd.options.repeats, "timed calls per phase (median reported)")
-      ->default_val(30)
-      ->check(pope::tools::integer_check(cmd.options.repeats, 1));
-  attention->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
-      ->check(pope::tools::kOutputFile);
+  add_repeat_options(attention, cmd.options.warmup, cmd.options.repeats, 30, "forward+backward calls", "phase");
+  add_json_option(attention, cmd.json_path);
   attention->add_option("--impl", cmd.impl,
                         "who computes the attention of the encoded q̃, k̃ (attention.impl): fused (ours), cudnn "
                         "(cuDNN's fused SDPA, encodings without a score bias only), or both, one row each per "
@@ -169,8 +178,7 @@ void add_sample_command(CLI::App& app, SampleCommand& cmd) {
       ->check(pope::tools::integer_check(cmd.options.new_tokens, 1, 1 << 20));
   sample->add_option("--rounds", cmd.options.rounds, "timed generations after one untimed (median; default 3)")
       ->check(pope::tools::integer_check(cmd.options.rounds, 1, 1000));
-  sample->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
-      ->check(pope::tools::kOutputFile);
+  add_json_option(sample, cmd.json_path);
 }
 
 int run_sample(const SampleCommand& cmd) {
@@ -198,14 +206,8 @@ void add_matmul_command(CLI::App& app, MatmulCommand& cmd) {
       "(median of CUDA event pairs, the phases interleaved). Needs a CUDA device with FP8 tensor cores (sm_89+).");
   matmul->add_option("-c,--config", cmd.config_path, "JSON config file; a bare name resolves in configs/")->required();
   matmul->add_option("-s,--set", cmd.overrides, "override a config key (repeatable)");
-  matmul->add_option("--warmup", cmd.options.warmup, "untimed rounds of every product first")
-      ->default_val(5)
-      ->check(pope::tools::integer_check(cmd.options.warmup, 0));
-  matmul->add_option("--repeats", cmd.options.repeats, "timed calls per product (median reported)")
-      ->default_val(20)
-      ->check(pope::tools::integer_check(cmd.options.repeats, 1));
-  matmul->add_option("--json", cmd.json_path, "also write the numbers as one JSON object to this file")
-      ->check(pope::tools::kOutputFile);
+  add_repeat_options(matmul, cmd.options.warmup, cmd.options.repeats, 20, "rounds of every product", "product");
+  add_json_option(matmul, cmd.json_path);
 }
 
 int run_matmul(const MatmulCommand& cmd) {
