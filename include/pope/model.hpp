@@ -18,6 +18,8 @@
 
 namespace pope {
 
+class Fp8Linears;
+
 // Parameter names and shapes of a model (also used without allocating, e.g. to count).
 ParameterLayout build_parameter_layout(const ModelConfig& config, const PositionEncoding& position);
 // Trainable parameters: every layout entry, without the padded vocabulary rows of the tied
@@ -88,6 +90,11 @@ class Model {
   // together they cover gradients(). An empty function: no calls.
   using GradientsReady = std::function<void(std::int64_t begin, std::int64_t end)>;
   void set_gradients_ready(GradientsReady callback) { gradients_ready_ = std::move(callback); }
+
+  // FP8 products of the blocks' linear layers (train.precision = "fp8"; docs/design.md, "FP8
+  // GEMMs") with an amax history of that many steps; 0 turns them off. Training and validation
+  // use them, decoding does not. The backend must implement the FP8 ops (the CPU's are exact).
+  void set_fp8(int amax_history);
 
   // Keep one shared buffer for every layer's RMSNorm and GELU outputs and recompute them in
   // the backward (the same kernels on the same inputs: bitwise the same gradients). Frees
@@ -195,6 +202,7 @@ class Model {
   GradientsReady gradients_ready_;
   std::unique_ptr<Activations> acts_;
   bool recompute_ = false;
+  std::unique_ptr<Fp8Linears> fp8_;
   bool deterministic_ = true;
   AttentionImpl attention_impl_ = AttentionImpl::fused;
   std::uint64_t activation_generation_ = 0;

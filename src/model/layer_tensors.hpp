@@ -13,6 +13,7 @@ struct Model::LayerTensors {
   Tensor norm2, rstd2;             // [N, C], [N]
   Tensor fc_pre, fc_act;           // [N, 4C]
   Tensor residual_out;             // [N, C] the layer's output (may share `residual`'s storage)
+  bool fp8 = false;                // the products through the model's Fp8Linears, when it has them (not decoding)
 };
 
 }  // namespace pope

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/forward_logits.hpp"
+#include "model/fp8_linears.hpp"
 #include "model/layer_tensors.hpp"
 #include "model/parameter_init.hpp"
 #include "pope/rng.hpp"
@@ -244,6 +245,13 @@ void Model::parameters_from_host(std::span<const float> values) {
 
 void Model::zero_gradients() { backend_.fill(padded_gradients(), 0.0); }
 
+void Model::set_fp8(int amax_history) {
+  if (amax_history < 0) throw std::invalid_argument("set_fp8: the amax history is 0 (off) or positive");
+  fp8_ = amax_history > 0 ? std::make_unique<Fp8Linears>(backend_, config_.n_layer, config_.n_embd, amax_history)
+                          : nullptr;
+  acts_.reset();  // the next reserve() sizes the FP8 buffers too
+}
+
 void Model::set_activation_recompute(bool recompute) {
   if (recompute == recompute_) return;
   recompute_ = recompute;
@@ -292,6 +300,7 @@ void Model::reserve(int B, int T) {
   a->d_qkv = alloc({N, 3 * C}, act);
   a->d_fc = alloc({N, 4 * C}, act);
   acts_ = std::move(a);
+  if (fp8_) fp8_->reserve(N);
   ++activation_generation_;
 }
 
@@ -380,6 +389,20 @@ void Model::layer_forward(int l, const LayerTensors& t, bool recompute, const La
   const LayerIndex& li = layers_[std::size_t(l)];
   std::vector<Tensor> pparams;  // read from the master weights: the encodings work in fp32
   for (auto idx : li.position) pparams.push_back(layout_.view(params_.tensor, idx));
+  if (fp8_ && t.fp8) {
+    // The four products in FP8; their epilogues (residual adds, GELU) as ops of their own.
+    be.rmsnorm_forward(t.norm1, t.rstd1, t.residual, weight(li.attn_norm), config_.norm_eps);
+    fp8_->forward(l, Fp8Linears::qkv, t.qkv, t.norm1, weight(li.qkv));
+    attention(t, pparams);
+    fp8_->forward(l, Fp8Linears::attn_proj, t.residual_mid, t.attn, weight(li.attn_proj));
+    be.add(t.residual_mid, t.residual_mid, t.residual);
+    be.rmsnorm_forward(t.norm2, t.rstd2, t.residual_mid, weight(li.mlp_norm), config_.norm_eps);
+    fp8_->forward(l, Fp8Linears::mlp_fc, t.fc_pre, t.norm2, weight(li.fc));
+    be.gelu_forward(t.fc_act, t.fc_pre);
+    fp8_->forward(l, Fp8Linears::mlp_proj, t.residual_out, t.fc_act, weight(li.mlp_proj));
+    be.add(t.residual_out, t.residual_out, t.residual_mid);
+    return;
+  }
   be.rmsnorm_matmul(t.qkv, t.norm1, t.rstd1, t.residual, weight(li.attn_norm), config_.norm_eps, weight(li.qkv));
   attention(t, pparams);
   // residual_mid = residual + attn · W_projᵀ, the residual added in the GEMM's epilogue
@@ -410,7 +433,7 @@ void Model::forward_pass(Tensor tokens, int B, int T) {
   for (int l = 0; l < config_.n_layer; ++l) {
     const LayerTensors t{a.residual[l].tensor, a.norm1_of(l),          a.rstd1[l].tensor,    a.qkv[l].tensor,
                          a.attn[l].tensor,     a.residual_mid[l].tensor, a.norm2_of(l),      a.rstd2[l].tensor,
-                         a.fc_pre[l].tensor,   a.fc_act_of(l),          a.residual[l + 1].tensor};
+                         a.fc_pre[l].tensor,   a.fc_act_of(l),          a.residual[l + 1].tensor, /*fp8=*/true};
     layer_forward(l, t, recompute_, [&](const LayerTensors& layer, std::span<const Tensor> pparams) {
       be.attention_forward(AttentionForward{shape, position_.get(), pctx, layer.qkv, layer.attn, a.lse[l].tensor,
                                             pparams, a.attention_encoded_of(l), attention_impl_});
@@ -462,17 +485,27 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
       be.gelu_forward(a.fc_act_of(l), a.fc_pre[l].tensor);
     }
     // MLP branch: residual[l+1] = residual_mid + fc_act · W_projᵀ.
-    be.matmul(grad(li.mlp_proj), a.d_residual.tensor, a.fc_act_of(l), true, false, 1.0, 1.0);
-    be.matmul_epilogue(a.d_fc.tensor, a.d_residual.tensor, weight(li.mlp_proj), false, false,
-                       Backend::MatmulEpilogue::gelu_backward, a.fc_pre[l].tensor);
-    be.matmul(a.d_norm.tensor, a.d_fc.tensor, weight(li.fc), false, false);
-    be.matmul(grad(li.fc), a.d_fc.tensor, a.norm2_of(l), true, false, 1.0, 1.0);
+    if (fp8_) {
+      fp8_->backward(l, Fp8Linears::mlp_proj, a.d_fc.tensor, grad(li.mlp_proj), a.d_residual.tensor);
+      be.gelu_backward(a.d_fc.tensor, a.d_fc.tensor, a.fc_pre[l].tensor);
+      fp8_->backward(l, Fp8Linears::mlp_fc, a.d_norm.tensor, grad(li.fc), a.d_fc.tensor);
+    } else {
+      be.matmul(grad(li.mlp_proj), a.d_residual.tensor, a.fc_act_of(l), true, false, 1.0, 1.0);
+      be.matmul_epilogue(a.d_fc.tensor, a.d_residual.tensor, weight(li.mlp_proj), false, false,
+                         Backend::MatmulEpilogue::gelu_backward, a.fc_pre[l].tensor);
+      be.matmul(a.d_norm.tensor, a.d_fc.tensor, weight(li.fc), false, false);
+      be.matmul(grad(li.fc), a.d_fc.tensor, a.norm2_of(l), true, false, 1.0, 1.0);
+    }
     be.rmsnorm_backward(a.d_residual.tensor, grad(li.mlp_norm), a.d_norm.tensor, a.residual_mid[l].tensor,
                         weight(li.mlp_norm), a.rstd2[l].tensor);
 
     // Attention branch: residual_mid = residual[l] + attn · W_projᵀ.
-    be.matmul(a.d_attn.tensor, a.d_residual.tensor, weight(li.attn_proj), false, false);
-    be.matmul(grad(li.attn_proj), a.d_residual.tensor, a.attn[l].tensor, true, false, 1.0, 1.0);
+    if (fp8_) {
+      fp8_->backward(l, Fp8Linears::attn_proj, a.d_attn.tensor, grad(li.attn_proj), a.d_residual.tensor);
+    } else {
+      be.matmul(a.d_attn.tensor, a.d_residual.tensor, weight(li.attn_proj), false, false);
+      be.matmul(grad(li.attn_proj), a.d_residual.tensor, a.attn[l].tensor, true, false, 1.0, 1.0);
+    }
     std::vector<Tensor> pparams, pgrads;
     for (auto idx : li.position) {
       pparams.push_back(layout_.view(params_.tensor, idx));
@@ -482,14 +515,19 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
                          a.d_attn.tensor, a.d_qkv.tensor, pparams, pgrads, deterministic_, a.attention_encoded_of(l),
                          attention_impl_};
     be.attention_backward(ab);
-    be.matmul(a.d_norm.tensor, a.d_qkv.tensor, weight(li.qkv), false, false);
-    be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1_of(l), true, false, 1.0, 1.0);
+    if (fp8_) {
+      fp8_->backward(l, Fp8Linears::qkv, a.d_norm.tensor, grad(li.qkv), a.d_qkv.tensor);
+    } else {
+      be.matmul(a.d_norm.tensor, a.d_qkv.tensor, weight(li.qkv), false, false);
+      be.matmul(grad(li.qkv), a.d_qkv.tensor, a.norm1_of(l), true, false, 1.0, 1.0);
+    }
     be.rmsnorm_backward(a.d_residual.tensor, grad(li.attn_norm), a.d_norm.tensor, a.residual[l].tensor,
                         weight(li.attn_norm), a.rstd1[l].tensor);
     gradients_final(layer_begin_[std::size_t(l)], layer_begin_[std::size_t(l) + 1]);
   }
   be.embedding_backward(grad(wte_), a.d_residual.tensor, tokens);
   gradients_final(0, layer_begin_.front());
+  if (fp8_) fp8_->update_scales();
 }
 
 }  // namespace pope
