@@ -65,6 +65,9 @@ template <> struct EnumNames<DeviceChoice> {
 template <> struct EnumNames<AttentionImpl> {
   static constexpr std::array<std::string_view, 2> names{"fused", "cudnn"};
 };
+template <> struct EnumNames<Precision> {
+  static constexpr std::array<std::string_view, 2> names{"bf16", "fp8"};
+};
 
 struct RopeScalingConfig {
   RopeScalingKind kind = RopeScalingKind::none;
@@ -191,6 +194,8 @@ struct TrainConfig {
   int keep_checkpoints = 3;
   int max_nonfinite_steps = 5;     // consecutive skipped updates before aborting
   bool activation_recompute = false;  // recompute RMSNorm and GELU outputs in the backward
+  Precision precision = Precision::bf16;  // fp8: the blocks' linear layers in FP8 (CUDA, sm_89+)
+  int fp8_amax_history = 16;       // fp8: steps of amax behind each tensor's scale (delayed scaling)
   bool deterministic = true;       // false: the fused attention backward adds dq with atomics (faster)
   double ddp_bucket_mb = 25.0;     // data parallel: gradient all-reduce buckets (MiB) overlapped with
                                    // the backward; 0: one all-reduce after it

@@ -23,4 +23,8 @@ enum class DeviceChoice { automatic, cpu, cuda };
 // score bias). The encodings' transforms are ours either way; the CPU backend refuses cudnn.
 enum class AttentionImpl { fused, cudnn };
 
+// What the blocks' linear layers compute in: bf16 operands, or per-tensor scaled FP8 (e4m3
+// forward, e5m2 gradients) on GPUs with FP8 tensor cores. Everything else is the same in both.
+enum class Precision { bf16, fp8 };
+
 }  // namespace pope

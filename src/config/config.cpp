@@ -147,6 +147,15 @@ void check_sizes(const RunConfig& config, const std::string& source) {
   }
 }
 
+// FP8 runs on FP8 tensor cores only; the CPU backend's FP8 ops are the GPU's test reference.
+void check_precision(const RunConfig& config, const std::string& source) {
+  if (config.train.precision == Precision::fp8 && config.train.device == DeviceChoice::cpu)
+    fail("train.precision",
+         "expected bf16 with train.device cpu: fp8 runs on the CUDA backend, on GPUs with FP8 tensor cores (sm_89 "
+         "or later)",
+         source);
+}
+
 // cuDNN's SDPA (attention.impl = cudnn) takes q̃, k̃, v and a scale, nothing else: encodings that
 // add a score bias (ALiBi, the PJ-bias methods) have no place in it, and there is no CPU cuDNN.
 // Its widths: head dims that are multiples of 8 with q/k rows of at most 256 (PoPE: d ≤ 128).
@@ -250,6 +259,7 @@ void check_config(const RunConfig& config, const std::string& source) {
   check_sizes(config, source);
   check_window(config, source);
   check_attention_impl(config, source);
+  check_precision(config, source);
   if (config.data.kind == DataKind::indirect_indexing) check_indirect_indexing(config, source);
   if (config.train.sample_every > 0 && config.data.kind != DataKind::tokens)
     fail("train.sample_every", "expected 0 with data.kind indirect_indexing: samples are GPT-2 text", source);

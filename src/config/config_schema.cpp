@@ -107,6 +107,9 @@ std::vector<Field> make_fields() {
       {POPE_CONFIG_KEY(train.keep_checkpoints), at_least(1), {}, Hashed::no},
       {POPE_CONFIG_KEY(train.max_nonfinite_steps), at_least(0)},
       {POPE_CONFIG_KEY(train.activation_recompute)},
+      // A compute mode: the checkpoints are the same, so a run resumes in either precision.
+      {POPE_CONFIG_KEY(train.precision), any(), {}, Hashed::no},
+      {POPE_CONFIG_KEY(train.fp8_amax_history), between(1, 1024), {}, Hashed::no},
       // Only the last bits of the attention gradients change; a resume may switch it.
       {POPE_CONFIG_KEY(train.deterministic), {}, {}, Hashed::no},
       // How the ranks share the work changes neither the data nor the arithmetic of a step

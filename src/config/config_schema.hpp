@@ -54,7 +54,7 @@ using FieldAccessor =
     std::variant<Accessor<int>, Accessor<long>, Accessor<std::uint64_t>, Accessor<double>, Accessor<bool>,
                  Accessor<std::string>, Accessor<RopeScalingKind>, Accessor<MagnitudeKind>, Accessor<DeltaInit>,
                  Accessor<DeltaBound>, Accessor<PopeScale>, Accessor<PjRho>, Accessor<PjGateInit>, Accessor<DataKind>,
-                 Accessor<LrSchedule>, Accessor<DeviceChoice>, Accessor<AttentionImpl>>;
+                 Accessor<LrSchedule>, Accessor<DeviceChoice>, Accessor<AttentionImpl>, Accessor<Precision>>;
 
 // Whether a key enters the config hash, which a resume must match. unless_default: only while
 // it differs from its default, so that adding a key leaves the hash of every config that keeps

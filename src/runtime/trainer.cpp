@@ -148,6 +148,13 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   model_->set_activation_recompute(config_.train.activation_recompute);
   model_->set_deterministic(config_.train.deterministic);
   model_->set_attention_impl(config_.attention.impl);
+  if (config_.train.precision == Precision::fp8) {
+    if (!backend_->has_fp8_tensor_cores())
+      throw ConfigError("train.precision",
+                        fmt::format("expected bf16: {} has no FP8 tensor cores (fp8 needs a CUDA GPU of sm_89 or later)",
+                                    backend_->description()));
+    model_->set_fp8(config_.train.fp8_amax_history);
+  }
   optimizer_ = std::make_unique<AdamW>(*model_, config_.optim, shard_optimizer ? communicator_.get() : nullptr);
   prepare_samples();
   state_.config_hash = config_hash(config_);

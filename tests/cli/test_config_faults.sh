@@ -44,4 +44,17 @@ printf '{"optim": {"lrr": 1}}' >"$SCRATCH/typo.json"
 expect_exit 2 "$TRAIN" --config "$SCRATCH/typo.json" --dry-run
 expect_output "optim.lrr: unknown key (did you mean optim.lr?).*typo.json"
 
+# FP8 is refused where it cannot run, naming the key: on the CPU (by the config, or by the backend
+# an auto device chose), for an unknown precision, and for an amax history outside [1, 1024].
+expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set train.precision=fp8 --set train.device=cpu
+expect_output "train.precision: expected bf16 with train.device cpu: fp8 runs on the CUDA backend"
+expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set train.precision=fp16
+expect_output 'train.precision: expected one of bf16, fp8; found "fp16"'
+expect_exit 2 "$TRAIN" --config small_cpu --dry-run --set train.precision=fp8 --set train.fp8_amax_history=0
+expect_output "train.fp8_amax_history: expected an integer in \[1, 1024\], found 0"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_exit 2 "$TRAIN" --config indirect_indexing_pope --out "$SCRATCH/fp8_run" --set train.precision=fp8 --set train.steps=1
+  expect_output "train.precision: expected bf16: cpu .* has no FP8 tensor cores"
+fi
+
 echo "PASS"
