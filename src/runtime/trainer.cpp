@@ -22,6 +22,7 @@
 #include "pope/distributed.hpp"
 #include "pope/sample.hpp"
 #include "pope/train_step.hpp"
+#include "runtime/model_options.hpp"
 #include "runtime/delta_bounds.hpp"
 #include "runtime/progress.hpp"
 #include "runtime/run_inputs.hpp"
@@ -145,16 +146,7 @@ Trainer::Trainer(RunConfig config, TrainerOptions options, std::unique_ptr<Backe
   if (!backend_) backend_ = make_backend(config_.train.device, "float", config_.train.threads);
   const bool shard_optimizer = config_.train.zero_stage == 1 && communicator_->size() > 1;
   model_ = std::make_unique<Model>(config_.model, *backend_, shard_optimizer ? communicator_->size() : 1);
-  model_->set_activation_recompute(config_.train.activation_recompute);
-  model_->set_deterministic(config_.train.deterministic);
-  model_->set_attention_impl(config_.attention.impl);
-  if (config_.train.precision == Precision::fp8) {
-    if (!backend_->has_fp8_tensor_cores())
-      throw ConfigError("train.precision",
-                        fmt::format("expected bf16: {} has no FP8 tensor cores (fp8 needs a CUDA GPU of sm_89 or later)",
-                                    backend_->description()));
-    model_->set_fp8(config_.train.fp8_amax_history);
-  }
+  apply_model_options(*model_, config_);
   optimizer_ = std::make_unique<AdamW>(*model_, config_.optim, shard_optimizer ? communicator_.get() : nullptr);
   prepare_samples();
   state_.config_hash = config_hash(config_);

@@ -106,6 +106,8 @@ expect_output "--repeats"
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   expect_exit 1 "$BENCH" matmul --config "$SCRATCH/tiny.json"
   expect_output "CUDA"
+  expect_exit 2 "$BENCH" train --config "$SCRATCH/tiny.json" --steps 1 --warmup 0 --set train.precision=fp8
+  expect_output "train.precision: expected bf16"
 fi
 
 # --dump-step: a readable safetensors file with weights, batch, loss, gradients and the config.

@@ -13,6 +13,7 @@
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
 #include "runtime/bench/bench_batches.hpp"
+#include "runtime/model_options.hpp"
 #include "runtime/bench/bench_median.hpp"
 #include "runtime/bench/bench_profiling_backend.hpp"
 #ifdef POPE_HAVE_CUDA
@@ -124,9 +125,7 @@ TrainBenchResult run_train_benchmark(const RunConfig& config, const TrainBenchOp
   Backend& backend = profiler ? static_cast<Backend&>(*profiler) : *device;
 
   Model model(config.model, backend);
-  model.set_activation_recompute(config.train.activation_recompute);
-  model.set_deterministic(config.train.deterministic);
-  model.set_attention_impl(config.attention.impl);
+  apply_model_options(model, config);
   model.initialize(config.train.seed);
   AdamW optimizer(model, config.optim);
   StepRunner runner(config, backend, model, optimizer, batches);
