@@ -270,7 +270,9 @@ void Model::reserve(int B, int T) {
   a->tokens = alloc({N}, DType::i32);
   a->targets = alloc({N}, DType::i32);
   for (int l = 0; l <= config_.n_layer; ++l) a->residual.push_back(alloc({N, C}, act));
-  const int stored_layers = recompute_ ? 1 : config_.n_layer;  // of the recomputed lists
+  // Of the norm and GELU outputs: one shared buffer when recomputed, or under FP8, whose backward
+  // reads the inputs' FP8 transposes instead.
+  const int stored_layers = recompute_ || fp8_ ? 1 : config_.n_layer;
   const std::int64_t attention_encoded =
       recompute_ ? 0 : backend_.attention_encoded_numel({B, T, config_.n_head, config_.head_dim()}, *position_);
   for (int l = 0; l < config_.n_layer; ++l) {
@@ -477,7 +479,7 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
 
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const LayerIndex& li = layers_[std::size_t(l)];
-    if (recompute_) {  // this layer's norm outputs and GELU output, as the forward wrote them
+    if (recompute_ && !fp8_) {  // this layer's norm outputs and GELU output, as the forward wrote them
       be.rmsnorm_forward(a.norm1_of(l), a.rstd1[l].tensor, a.residual[l].tensor, weight(li.attn_norm),
                          config_.norm_eps);
       be.rmsnorm_forward(a.norm2_of(l), a.rstd2[l].tensor, a.residual_mid[l].tensor, weight(li.mlp_norm),
