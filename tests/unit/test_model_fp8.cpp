@@ -1,6 +1,7 @@
 // The model's FP8 path (Model::set_fp8) on the CPU backend, whose FP8 ops are exact: the loss and
 // every parameter's gradient stay close to the exact (f64) model's, for RoPE and PoPE. The steps
-// after the first, which cast with delayed scales, stay close too, and so does validation.
+// after the first, which cast with delayed scales, stay close too, and so does validation; and
+// activation recompute changes nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -108,5 +109,36 @@ TEST_P(ModelFp8, LossAndEveryGradientStayCloseToTheExactModels) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, ModelFp8, ::testing::Values("rope", "pope"));
+
+}  // namespace
+
+namespace {
+
+// Activation recompute changes nothing under FP8: its backward reads the inputs' FP8 transposes,
+// so the loss and the gradients are bitwise those without recompute.
+TEST(ModelFp8Recompute, GivesBitwiseTheSameLossAndGradients) {
+  const ModelConfig c = fp8_test_model("pope");
+  auto plain_backend = make_backend(DeviceChoice::cpu, "double", 1), recompute_backend = make_backend(DeviceChoice::cpu, "double", 1);
+  Model plain(c, *plain_backend), recomputed(c, *recompute_backend);
+  for (Model* m : {&plain, &recomputed}) {
+    m->initialize(9);
+    m->set_fp8(2);
+  }
+  recomputed.set_activation_recompute(true);
+  Rng rng(10);
+  std::vector<std::int32_t> tokens(32), targets(32);
+  for (auto& t : tokens) t = std::int32_t(rng.below(std::uint64_t(c.vocab_size)));
+  for (auto& t : targets) t = std::int32_t(rng.below(std::uint64_t(c.vocab_size)));
+  for (int step = 0; step < 2; ++step) {
+    plain.zero_gradients();
+    recomputed.zero_gradients();
+    EXPECT_EQ(plain.forward_backward(tokens.data(), targets.data(), 2, 16, 1.0 / 32).sum,
+              recomputed.forward_backward(tokens.data(), targets.data(), 2, 16, 1.0 / 32).sum);
+    std::vector<double> a(std::size_t(plain.gradients().numel())), b(a.size());
+    plain_backend->copy_to_host(a.data(), plain.gradients());
+    recompute_backend->copy_to_host(b.data(), recomputed.gradients());
+    EXPECT_EQ(a, b) << "step " << step;
+  }
+}
 
 }  // namespace
