@@ -4,7 +4,6 @@
 
 #include "block_reduce.cuh"
 #include "fp8_cast.cuh"
-#include "grid.cuh"
 
 namespace pope::kernels {
 
@@ -26,14 +25,6 @@ __device__ void fold_amax(unsigned bits, float* amax) {
 
 __device__ std::uint8_t to_fp8(float v, Fp8Format format) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, format == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
-}
-
-__global__ void amax_kernel(const __nv_bfloat16* x, std::size_t count, float* amax) {
-  unsigned bits = 0;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < count;
-       i += std::size_t(gridDim.x) * blockDim.x)
-    bits = max(bits, magnitude_bits(__bfloat162float(x[i])));
-  fold_amax(bits, amax);
 }
 
 // One kTile × kTile tile per block: rows read and the row-major copy written along the columns,
@@ -88,15 +79,6 @@ __global__ void update_scales_kernel(float* amax, float* history, int length, fl
 }
 
 }  // namespace
-
-cudaError_t fp8_amax_bf16(const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols, float* amax,
-                          cudaStream_t stream) {
-  const std::size_t count = std::size_t(rows) * std::size_t(cols);
-  if (count == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  amax_kernel<<<grid_stride_blocks(count, kThreads), kThreads, 0, stream>>>(x, count, amax);
-  return cudaGetLastError();
-}
 
 cudaError_t fp8_cast_transpose_bf16(const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols, Fp8Format format,
                                     const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax,

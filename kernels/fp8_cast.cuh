@@ -20,10 +20,6 @@ enum class Fp8Format : int { e4m3, e5m2 };
 // The largest finite value of the format: 448 (e4m3) or 57,344 (e5m2).
 constexpr float fp8_max(Fp8Format format) { return format == Fp8Format::e4m3 ? 448.0f : 57344.0f; }
 
-// *amax = max(*amax, max |x|) over x[rows, cols] (row-major, contiguous), without casting.
-cudaError_t fp8_amax_bf16(const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols, float* amax,
-                          cudaStream_t stream);
-
 // out[r, c] = fp8(x[r, c] · *scale) and out_t[c, r] the same value (either may be null), rounding
 // to nearest and saturating at ±fp8_max(format); *amax = max(*amax, max |x|) (amax may be null).
 cudaError_t fp8_cast_transpose_bf16(const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols, Fp8Format format,
@@ -34,8 +30,8 @@ cudaError_t fp8_cast_transpose_bf16(const __nv_bfloat16* x, std::int64_t rows, s
 // into history[i, 0 .. length) (newest first), and where the history's max m > 0 set
 //   scale[i] = fp8_max / m / 2^margin,   scale_inv[i] = 1 / scale[i];
 // a non-finite amax leaves history and scale alone. amax[i] is reset to 0 for the next step.
-// With length 1 and the update run right after fp8_amax and before the cast, this is current
-// scaling (the scale of this step's own amax).
+// With the update run between a cast that measures the amax and the cast that is used, this is
+// current scaling (the scale of this step's own amax).
 cudaError_t fp8_update_scales(float* amax, float* history, int length, float* scale, float* scale_inv, int count,
                               Fp8Format format, int margin, cudaStream_t stream);
 

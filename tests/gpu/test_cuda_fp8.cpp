@@ -1,10 +1,10 @@
-// The FP8 building blocks of train.precision = "fp8": the scaled casts (kernels/fp8_cast.cuh)
-// bit for bit against the host's conversion of cuda_fp8.h, their amax with zeros, an outlier and
-// non-finite values, the delayed-scaling update, and cuBLASLt's FP8 products (e4m3 · e4m3,
-// e5m2 · e4m3, into bf16 and accumulated into f32) against an f32 product of the same dequantised
-// operands; then the CUDA backend's FP8 ops against the CPU backend's. Reports SKIPPED (visibly)
-// without a GPU or on one without FP8 tensor cores (before sm_89), except the first test, which
-// holds the CPU reference's conversion (model/fp8.hpp) to cuda_fp8.h's on the host, bit for bit.
+// The FP8 building blocks of train.precision = "fp8": the scaled casts (kernels/fp8_cast.cuh) bit
+// for bit against the host's conversion of cuda_fp8.h, their amax with zeros, an outlier and
+// non-finite values, and cuBLASLt's FP8 products (e4m3 · e4m3, e5m2 · e4m3, into bf16 and
+// accumulated into f32) against an f32 product of the same dequantised operands; then the CUDA
+// backend's FP8 ops (the scale update among them) against the CPU backend's. Reports SKIPPED
+// (visibly) without a GPU or on one without FP8 tensor cores (before sm_89), except the first
+// test, which holds the CPU reference's conversion (model/fp8.hpp) to cuda_fp8.h's on the host.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
@@ -178,36 +178,6 @@ TEST(CudaFp8, AmaxKeepsZerosOutliersAndNonFiniteValues) {
   EXPECT_EQ(cast(x, kRows, kCols, Fp8Format::e4m3, 1.0f).amax, std::numeric_limits<float>::infinity());
   x[6] = -std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(std::isnan(cast(x, kRows, kCols, Fp8Format::e4m3, 1.0f).amax));
-
-  // fp8_amax_bf16 alone folds the same way.
-  DeviceArray<__nv_bfloat16> in(to_bf16(x));
-  DeviceArray<float> amax(std::vector<float>{0.0f});
-  ASSERT_EQ(pope::kernels::fp8_amax_bf16(in.get(), kRows, kCols, amax.get(), nullptr), cudaSuccess);
-  EXPECT_TRUE(std::isnan(amax.download()[0]));
-}
-
-// Delayed scaling over a history of 3: the scale follows the history's max, a non-finite amax
-// is skipped (history and scale kept), a zero history keeps the last scale, amax is reset.
-TEST(CudaFp8, DelayedScalingFollowsTheHistoryAndSkipsNonFiniteAmax) {
-  SKIP_WITHOUT_FP8();
-  constexpr int kLength = 3, kCount = 2, kMargin = 1;
-  DeviceArray<float> amax(kCount), history(std::vector<float>(kCount * kLength, 0.0f)),
-      scale(std::vector<float>(kCount, 1.0f)), scale_inv(std::vector<float>(kCount, 1.0f));
-  auto step = [&](float a0, float a1) {
-    amax.upload({a0, a1});
-    EXPECT_EQ(pope::kernels::fp8_update_scales(amax.get(), history.get(), kLength, scale.get(), scale_inv.get(), kCount,
-                                               Fp8Format::e4m3, kMargin, nullptr),
-              cudaSuccess);
-    return scale.download();
-  };
-  const float top = 448.0f / 2.0f;  // fp8 max over 2^margin
-  EXPECT_EQ(step(4.0f, 0.0f), (std::vector<float>{top / 4.0f, 1.0f}));  // tensor 1: zero history, scale kept
-  EXPECT_EQ(step(2.0f, std::nanf("")), (std::vector<float>{top / 4.0f, 1.0f}));  // 4 still in the history
-  EXPECT_EQ(step(1.0f, std::numeric_limits<float>::infinity()), (std::vector<float>{top / 4.0f, 1.0f}));
-  EXPECT_EQ(step(1.0f, 8.0f), (std::vector<float>{top / 2.0f, top / 8.0f}));  // 4 has left the history
-  EXPECT_EQ(scale_inv.download(), (std::vector<float>{2.0f / top, 8.0f / top}));
-  EXPECT_EQ(amax.download(), (std::vector<float>{0.0f, 0.0f}));
-  EXPECT_EQ(history.download(), (std::vector<float>{1.0f, 1.0f, 2.0f, 8.0f, 0.0f, 0.0f}));
 }
 
 // out = a · bᵀ through cuBLASLt on FP8 operands equals the f32 product of the dequantised
