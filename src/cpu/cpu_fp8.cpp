@@ -1,12 +1,9 @@
 // The FP8 ops on the host, exactly (Backend::fp8_cast, fp8_update_scales, fp8_matmul): the
 // reference the CUDA backend's are tested against. The cast multiplies in f32 as the GPU does,
 // so both round the same f32 value; products accumulate in Real.
-#include <fmt/format.h>
-
 #include <cmath>
 #include <vector>
 
-#include "cpu/cpu_checks.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/cpu_parallel.hpp"
 #include "model/fp8.hpp"

@@ -75,9 +75,9 @@ void Fp8Linears::cast(Slot s, Tensor out, Tensor out_t, Tensor x, std::int64_t i
 void Fp8Linears::forward(int layer, Linear which, Tensor out, Tensor x, Tensor w) {
   const std::int64_t i = index(layer, which), count = std::int64_t(n_layer_) * kLinears;
   const std::int64_t rows = x.dim(0);
-  if (rows > rows_) throw std::logic_error("Fp8Linears::forward: more rows than reserved");
+  if (rows != rows_) throw std::logic_error("Fp8Linears::forward: not the reserved rows");
   const Tensor x8 = view(x8_, DType::e4m3, {rows, in_features(which)});
-  const Tensor x_t = rows == rows_ ? x_t_[std::size_t(i)].tensor : Tensor{};  // kept for the weight gradient
+  const Tensor x_t = x_t_[std::size_t(i)].tensor;  // kept for the weight gradient
   const Slot sw = slot(e4m3_, count + i), sx = slot(e4m3_, i);
   cast(sw, w_[std::size_t(i)].tensor, w_t_[std::size_t(i)].tensor, w, count + i, DType::e4m3);
   cast(sx, x8, x_t, x, i, DType::e4m3);

@@ -18,10 +18,11 @@ class Fp8Linears {
   enum Linear : int { qkv = 0, attn_proj = 1, mlp_fc = 2, mlp_proj = 3 };
   static constexpr int kLinears = 4;
 
-  // history: the amax history's length (≥ 1). widths: in and out features of each Linear.
+  // history: the amax history's length (≥ 1). A Linear's features follow from n_embd (qkv C → 3C,
+  // attn_proj C → C, mlp_fc C → 4C, mlp_proj 4C → C).
   Fp8Linears(Backend& backend, int n_layer, std::int64_t n_embd, int history);
 
-  // Buffers for micro-batches of `rows` rows (B·T); allocates again only when rows changes.
+  // Buffers for micro-batches of exactly `rows` rows (B·T); allocates again only when rows changes.
   void reserve(std::int64_t rows);
 
   // out [rows, N] (activation dtype) = x [rows, K] · wᵀ, w [N, K], through FP8.
