@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <string>
 
 #include "cuda/cuda_check.hpp"
 
@@ -104,6 +105,30 @@ cudaDataType_t operand_type(GemmOperand operand) {
 bool is_fp8(const GemmCall& call) { return call.a_type != GemmOperand::bf16 || call.b_type != GemmOperand::bf16; }
 
 // The combinations cuBLASLt's FP8 kernels take; anything else is a caller's bug.
+const char* operand_name(GemmOperand operand) {
+  switch (operand) {
+    case GemmOperand::bf16: return "bf16";
+    case GemmOperand::e4m3: return "e4m3";
+    case GemmOperand::e5m2: return "e5m2";
+  }
+  return "?";
+}
+
+// The call as an error message gives it: enough to rebuild it in a test.
+std::string describe(const GemmCall& call) {
+  std::string text = fmt::format(
+      "out [{}, {}] ({}) = op(a) [{}, {}] ({}{}) · op(b) [{}, {}] ({}{}) with beta {}, epilogue {}; alignments in "
+      "bytes a {}, b {}, out {}, c {}",
+      call.m, call.n, call.out_is_f32 ? "f32" : "bf16", call.m, call.k, operand_name(call.a_type),
+      call.transpose_a ? ", transposed" : "", call.k, call.n, operand_name(call.b_type),
+      call.transpose_b ? ", transposed" : "", call.beta, static_cast<int>(call.epilogue), alignment_bytes(call.a),
+      alignment_bytes(call.b), alignment_bytes(call.out), alignment_bytes(c_operand(call)));
+  if (is_fp8(call))
+    text += fmt::format(", scale factors {}, {}{}", alignment_bytes(call.a_scale_inv), alignment_bytes(call.b_scale_inv),
+                        call.fast_accumulation ? "; fast accumulation" : "");
+  return text;
+}
+
 void check_fp8_call(const GemmCall& call) {
   if (call.a_type == GemmOperand::bf16 || call.b_type == GemmOperand::bf16)
     throw std::logic_error("matmul: FP8 needs both operands in FP8");
@@ -198,12 +223,7 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
                                               plan->output, preference.get(), 1, &heuristic, &found),
                "cublasLtMatmulAlgoGetHeuristic");
   if (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(fmt::format(
-        "matmul: cuBLASLt has no algorithm for out [{}, {}] ({}) = op(a) [{}, {}]{} · op(b) [{}, {}]{} with beta {} "
-        "and epilogue {} (operand types {}, {})",
-        call.m, call.n, call.out_is_f32 ? "f32" : "bf16", call.m, call.k, call.transpose_a ? " (a transposed)" : "",
-        call.k, call.n, call.transpose_b ? " (b transposed)" : "", call.beta, static_cast<int>(call.epilogue),
-        static_cast<int>(call.a_type), static_cast<int>(call.b_type)));
+    throw std::runtime_error("matmul: cuBLASLt has no algorithm for " + describe(call));
   plan->algorithm = heuristic.algo;
   return *plans_.emplace(key, std::move(plan)).first->second;
 }
@@ -223,10 +243,13 @@ void CublasLtMatmul::set_call_pointers(const Plan& plan, const GemmCall& call) {
 void CublasLtMatmul::run(const GemmCall& call, cudaStream_t stream) {
   const Plan& plan = plan_for(call);
   set_call_pointers(plan, call);
-  check_cublas(cublasLtMatmul(handle_, plan.operation, &call.alpha, call.b, plan.first, call.a, plan.second, &call.beta,
-                              c_operand(call), plan.output, call.out, plan.output, &plan.algorithm, workspace_,
-                              kWorkspaceBytes, stream),
-               "cublasLtMatmul");
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, plan.operation, &call.alpha, call.b, plan.first, call.a, plan.second, &call.beta,
+                     c_operand(call), plan.output, call.out, plan.output, &plan.algorithm, workspace_, kWorkspaceBytes,
+                     stream);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(fmt::format("cuBLASLt error in cublasLtMatmul: {}: {}, for {}", cublasLtGetStatusName(status),
+                                         cublasLtGetStatusString(status), describe(call)));
 }
 
 }  // namespace pope::cuda

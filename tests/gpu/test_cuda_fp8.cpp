@@ -270,6 +270,39 @@ TEST(CudaFp8, ForwardProductIsWithinFp8sErrorOfTheExactProduct) {
   EXPECT_GT(relative, 1e-3);  // it is FP8: an exact match would mean the operands were not quantised
 }
 
+// The model's calls: one matmul object reused across layers, the dequantization factors read from
+// inside one array (4-byte aligned, not 16). Each call equals a fresh object's call with the same
+// factors in allocations of their own, bit for bit.
+TEST(CudaFp8, ProductsReadFactorsFromInsideAnArrayThroughAReusedPlan) {
+  SKIP_WITHOUT_FP8();
+  constexpr std::int64_t kM = 64, kN = 48, kK = 128;
+  const std::vector<float> a = normal_values(kM * kK, 41, 1.0f), b = normal_values(kN * kK, 42, 1.0f);
+  const Cast qa = cast(a, kM, kK, Fp8Format::e4m3, 64.0f), qb = cast(b, kN, kK, Fp8Format::e4m3, 64.0f);
+  DeviceArray<std::uint8_t> a_d(qa.out), b_d(qb.out);
+  const std::vector<float> factors{0.5f, 0.25f, 2.0f, 0.125f, 4.0f, 1.0f};
+  DeviceArray<float> packed(factors);
+  DeviceArray<__nv_bfloat16> out(kM * kN);
+  pope::cuda::CublasLtMatmul reused;
+  pope::cuda::GemmCall call;
+  call.m = kM, call.n = kN, call.k = kK, call.transpose_b = true, call.out = out.get();
+  call.a = a_d.get(), call.b = b_d.get(), call.a_type = call.b_type = pope::cuda::GemmOperand::e4m3;
+  call.fast_accumulation = true;
+  for (int first : {0, 1, 3, 2}) {
+    call.a_scale_inv = packed.get() + first, call.b_scale_inv = packed.get() + first + 1;
+    reused.run(call, nullptr);
+    const std::vector<__nv_bfloat16> got = out.download();
+    DeviceArray<float> a_inv(std::vector<float>{factors[std::size_t(first)]}),
+        b_inv(std::vector<float>{factors[std::size_t(first) + 1]});
+    DeviceArray<__nv_bfloat16> fresh_out(kM * kN);
+    pope::cuda::GemmCall fresh_call = call;
+    fresh_call.a_scale_inv = a_inv.get(), fresh_call.b_scale_inv = b_inv.get(), fresh_call.out = fresh_out.get();
+    pope::cuda::CublasLtMatmul fresh;
+    fresh.run(fresh_call, nullptr);
+    const std::vector<__nv_bfloat16> want = fresh_out.download();
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(got[0])), 0) << "factors at " << first;
+  }
+}
+
 // Layouts cuBLASLt's FP8 kernels do not take are refused before anything is enqueued.
 TEST(CudaFp8, ProductsOutsideTheKMajorLayoutAreRefused) {
   SKIP_WITHOUT_FP8();
@@ -307,7 +340,7 @@ TEST_F(CudaFp8Ops, CastsAndScalesEqualTheCpuBitwiseAndProductsWithinTolerance) {
   using pope::test::make_tensor;
   constexpr std::int64_t M = 70, N = 48, K = 96;
   std::vector<float> a = normal_values(M * K, 31, 1.0f), b = normal_values(N * K, 32, 0.02f);
-  a[5] = 3000.0f;  // past e4m3's range once scaled: saturates on both
+  a[5] = 3008.0f;  // a bf16 value past e4m3's range once scaled: saturates on both
   const std::vector<float> a_scale{0.2f}, b_scale{5000.0f}, zero{0.0f};
   struct Side {
     pope::OwnedTensor a, b, a8, a8_t, b8, sa, sb, amax_a, amax_b, out;
