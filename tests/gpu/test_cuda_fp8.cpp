@@ -16,6 +16,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/cpu_backend.hpp"
@@ -138,27 +139,28 @@ Cast cast(const std::vector<float>& x, std::int64_t rows, std::int64_t cols, Fp8
   return {out.download(), out_t.download(), amax_d.download()[0]};
 }
 
-// Both layouts equal the host's conversion element for element, on a shape that is not a
-// multiple of the 32 × 32 tile, in both formats, values past the format's range saturating.
+// Both layouts equal the host's conversion element for element, in both formats, values past the
+// format's range saturating: on a shape that is not a multiple of the 32 × 32 tile (the scalar
+// kernel) and on one of 64 × 64 tiles (the vectorised kernel the model's shapes take).
 TEST(CudaFp8, CastTransposeEqualsTheHostConversionAndTheAmaxIsExact) {
   SKIP_WITHOUT_FP8();
-  constexpr std::int64_t kRows = 45, kCols = 70;
-  for (Fp8Format format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
-    std::vector<float> x = normal_values(kRows * kCols, 3, 2.0f);
-    x[17] = -300.0f;  // × 4 is past e4m3's 448: saturates to −448
-    const float scale = 4.0f;
-    const Cast got = cast(x, kRows, kCols, format, scale);
-    for (std::int64_t r = 0; r < kRows; ++r)
-      for (std::int64_t c = 0; c < kCols; ++c) {
-        const std::uint8_t want = host_fp8(x[r * kCols + c] * scale, format);
-        ASSERT_EQ(got.out[r * kCols + c], want) << "row " << r << " col " << c;
-        ASSERT_EQ(got.out_t[c * kRows + r], want) << "transposed, row " << r << " col " << c;
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{45, 70}, {128, 192}})
+    for (Fp8Format format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+      std::vector<float> x = normal_values(std::size_t(rows * cols), 3, 2.0f);
+      x[17] = -300.0f;  // × 4 is past e4m3's 448: saturates to −448
+      const float scale = 4.0f;
+      const Cast got = cast(x, rows, cols, format, scale);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const std::uint8_t want = host_fp8(x[r * cols + c] * scale, format);
+          ASSERT_EQ(got.out[r * cols + c], want) << rows << " × " << cols << ", row " << r << " col " << c;
+          ASSERT_EQ(got.out_t[c * rows + r], want) << rows << " × " << cols << ", transposed, row " << r << " col " << c;
+        }
+      EXPECT_EQ(got.amax, amax_of(x));
+      if (format == Fp8Format::e4m3) {
+        EXPECT_EQ(host_fp8_value(got.out[17], format), -448.0f);
       }
-    EXPECT_EQ(got.amax, amax_of(x));
-    if (format == Fp8Format::e4m3) {
-      EXPECT_EQ(host_fp8_value(got.out[17], format), -448.0f);
     }
-  }
 }
 
 // The running amax only grows: a cast of zeros keeps the amax it was given (and writes zeros);
