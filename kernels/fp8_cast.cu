@@ -101,7 +101,7 @@ bool aligned_to(const void* pointer, std::uintptr_t bytes) {
 }
 
 __global__ void update_scales_kernel(float* amax, float* history, int length, float* scale, float* scale_inv,
-                                     int count, float max_value, float margin_factor) {
+                                     int factor_row, int count, float max_value, float margin_factor) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= count) return;
   const float a = amax[i];
@@ -117,7 +117,7 @@ __global__ void update_scales_kernel(float* amax, float* history, int length, fl
   const float s = max_value / m * margin_factor;
   if (m > 0.0f && isfinite(s)) {
     scale[i] = s;
-    scale_inv[i] = 1.0f / s;
+    scale_inv[std::int64_t(i) * factor_row] = 1.0f / s;
   }
 }
 
@@ -139,13 +139,13 @@ cudaError_t fp8_cast_transpose_bf16(const __nv_bfloat16* x, std::int64_t rows, s
   return cudaGetLastError();
 }
 
-cudaError_t fp8_update_scales(float* amax, float* history, int length, float* scale, float* scale_inv, int count,
-                              Fp8Format format, int margin, cudaStream_t stream) {
+cudaError_t fp8_update_scales(float* amax, float* history, int length, float* scale, float* scale_inv,
+                              int factor_row, int count, Fp8Format format, int margin, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   if (length < 1) return cudaErrorInvalidValue;
   constexpr int kThreads = 128;
   update_scales_kernel<<<(count + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      amax, history, length, scale, scale_inv, count, fp8_max(format), std::ldexp(1.0f, -margin));
+      amax, history, length, scale, scale_inv, factor_row, count, fp8_max(format), std::ldexp(1.0f, -margin));
   return cudaGetLastError();
 }
 

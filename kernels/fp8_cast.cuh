@@ -28,11 +28,11 @@ cudaError_t fp8_cast_transpose_bf16(const __nv_bfloat16* x, std::int64_t rows, s
 
 // Delayed scaling of `count` tensors, one format: for each tensor i with a finite amax[i], push it
 // into history[i, 0 .. length) (newest first), and where the history's max m > 0 set
-//   scale[i] = fp8_max / m / 2^margin,   scale_inv[i] = 1 / scale[i];
+//   scale[i] = fp8_max / m / 2^margin,   scale_inv[i · factor_row] = 1 / scale[i];
 // a non-finite amax leaves history and scale alone. amax[i] is reset to 0 for the next step.
 // With the update run between a cast that measures the amax and the cast that is used, this is
 // current scaling (the scale of this step's own amax).
-cudaError_t fp8_update_scales(float* amax, float* history, int length, float* scale, float* scale_inv, int count,
-                              Fp8Format format, int margin, cudaStream_t stream);
+cudaError_t fp8_update_scales(float* amax, float* history, int length, float* scale, float* scale_inv,
+                              int factor_row, int count, Fp8Format format, int margin, cudaStream_t stream);
 
 }  // namespace pope::kernels

@@ -185,6 +185,9 @@ class GraphCapture {
   virtual void replay() = 0;
 };
 
+// Floats per row of fp8_update_scales' scale_inv: 16 bytes, so each row's factor is 16-byte aligned.
+inline constexpr std::int64_t kFp8FactorRow = 4;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -257,15 +260,17 @@ class Backend {
   // transpose, either empty, rounded as float_to_fp8 (model/fp8.hpp); amax (f32 [1]) becomes
   // max(amax, max |x|), NaN or +inf when x holds one. x: the activation dtype [R, C]; scale f32 [1].
   virtual void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) = 0;
-  // Delayed scaling of k tensors of `format` (amax, scale, scale_inv f32 [k]; history f32 [k, L],
-  // newest first): a finite amax[i] is pushed into history row i, and where that row's max m > 0,
-  // scale[i] = fp8 max / m / 2^margin and scale_inv[i] = 1 / scale[i]; a non-finite amax changes
-  // nothing. Every amax is then reset to 0.
+  // Delayed scaling of k tensors of `format` (amax, scale f32 [k]; history f32 [k, L], newest
+  // first; scale_inv f32 [k, kFp8FactorRow], the factor in column 0): a finite amax[i] is pushed
+  // into history row i, and where that row's max m > 0, scale[i] = fp8 max / m / 2^margin and
+  // scale_inv[i, 0] = 1 / scale[i]; a non-finite amax changes nothing. Every amax is then reset
+  // to 0. The factors' rows are 16 bytes since cuBLASLt reads each factor from a 16-byte boundary.
   virtual void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
                                  int margin) = 0;
   // out [M, N] = (a / a_scale) · (b / b_scale)ᵀ + beta · out, given the inverse scales: a [M, K] and
-  // b [N, K] FP8, not both e5m2; a_scale_inv, b_scale_inv f32 [1]; out the activation dtype
-  // (beta 0) or f32. fast_accumulation lets the GPU accumulate less exactly (forward products).
+  // b [N, K] FP8, not both e5m2; a_scale_inv, b_scale_inv f32 [1] or [1, kFp8FactorRow] (a row of
+  // fp8_update_scales' scale_inv), the factor first, 16-byte aligned on the GPU; out the activation
+  // dtype (beta 0) or f32. fast_accumulation lets the GPU accumulate less exactly (forward products).
   virtual void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
                           bool fast_accumulation) = 0;
   virtual bool has_fp8_tensor_cores() const { return false; }

@@ -59,7 +59,7 @@ void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_i
     const float s = top / m * factor;
     if (m > 0.0f && std::isfinite(s)) {
       scale.as<float>()[i] = s;
-      scale_inv.as<float>()[i] = 1.0f / s;
+      scale_inv.as<float>()[i * kFp8FactorRow] = 1.0f / s;
     }
   }
 }

@@ -138,6 +138,9 @@ void check_fp8_call(const GemmCall& call) {
     throw std::logic_error("matmul: FP8 operands must both be K-major (out = a · bᵀ)");
   if (call.a_scale_inv == nullptr || call.b_scale_inv == nullptr)
     throw std::logic_error("matmul: FP8 operands need their dequantization factors");
+  // cuBLASLt refuses the product (CUBLAS_STATUS_NOT_SUPPORTED) when a factor is not so aligned.
+  if (alignment_bytes(call.a_scale_inv) < 16 || alignment_bytes(call.b_scale_inv) < 16)
+    throw std::logic_error("matmul: FP8 dequantization factors must be 16-byte aligned");
 }
 
 }  // namespace

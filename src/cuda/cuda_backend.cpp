@@ -519,7 +519,8 @@ class CudaBackend final : public Backend {
                          int margin) override {
     const std::int64_t k = checks::check_fp8_update(DeviceKind::cuda, amax, history, scale, scale_inv, format);
     launched(kernels::fp8_update_scales(amax.as<float>(), history.as<float>(), int(history.dim(1)), scale.as<float>(),
-                                        scale_inv.as<float>(), int(k), kernel_format(format), margin, stream_),
+                                        scale_inv.as<float>(), int(kFp8FactorRow), int(k), kernel_format(format),
+                                        margin, stream_),
              "fp8_update_scales");
   }
 

@@ -3,10 +3,20 @@
 #include <fmt/format.h>
 
 #include "model/tensor_checks.hpp"
+#include "pope/backend.hpp"
 
 namespace pope::checks {
 
 namespace {
+
+// A dequantization factor: f32 [1], or a row [1, kFp8FactorRow] of fp8_update_scales' scale_inv.
+void check_fp8_factor(DeviceKind device, std::string_view op, std::string_view name, const Tensor& t) {
+  if (t.shape.size() == 2) {
+    check_matrix(device, op, name, t, DType::f32, 1, kFp8FactorRow);
+  } else {
+    check_vector(device, op, name, t, DType::f32, 1);
+  }
+}
 
 void check_fp8_matrix(DeviceKind device, std::string_view op, std::string_view name, const Tensor& t) {
   require(is_fp8(t.dtype), op, fmt::format("{} is {}, expected e4m3 or e5m2", name, dtype_name(t.dtype)));
@@ -48,7 +58,7 @@ std::int64_t check_fp8_update(DeviceKind device, const Tensor& amax, const Tenso
   require(history.dim(1) >= 1, op, "history needs at least one column");
   check_vector(device, op, "amax", amax, DType::f32, k);
   check_vector(device, op, "scale", scale, DType::f32, k);
-  check_vector(device, op, "scale_inv", scale_inv, DType::f32, k);
+  check_matrix(device, op, "scale_inv", scale_inv, DType::f32, k, kFp8FactorRow);
   return k;
 }
 
@@ -64,8 +74,8 @@ Fp8MatmulShape check_fp8_matmul(DeviceKind device, const Tensor& out, const Tens
   require(out.dtype == out_dtype || out.dtype == DType::f32, op,
           fmt::format("out is {}, expected {} or f32", dtype_name(out.dtype), dtype_name(out_dtype)));
   check_matrix(device, op, "out", out, out.dtype, shape.m, shape.n);
-  check_vector(device, op, "a_scale_inv", a_scale_inv, DType::f32, 1);
-  check_vector(device, op, "b_scale_inv", b_scale_inv, DType::f32, 1);
+  check_fp8_factor(device, op, "a_scale_inv", a_scale_inv);
+  check_fp8_factor(device, op, "b_scale_inv", b_scale_inv);
   return shape;
 }
 

@@ -17,7 +17,7 @@ Fp8Linears::Fp8Linears(Backend& backend, int n_layer, std::int64_t n_embd, int h
   if (history < 1) throw std::invalid_argument("Fp8Linears: the amax history needs at least one entry");
   auto group = [&](std::int64_t count) {
     Group g{allocate_tensor(backend_, {count}, DType::f32), allocate_tensor(backend_, {count, history}, DType::f32),
-            allocate_tensor(backend_, {count}, DType::f32), allocate_tensor(backend_, {count}, DType::f32)};
+            allocate_tensor(backend_, {count}, DType::f32), allocate_tensor(backend_, {count, kFp8FactorRow}, DType::f32)};
     backend_.fill(g.amax.tensor, 0.0);
     backend_.fill(g.history.tensor, 0.0);
     backend_.fill(g.scale.tensor, 1.0);

@@ -272,37 +272,41 @@ TEST(CudaFp8, ForwardProductIsWithinFp8sErrorOfTheExactProduct) {
   EXPECT_GT(relative, 1e-3);  // it is FP8: an exact match would mean the operands were not quantised
 }
 
-// The model's calls: one matmul object reused across layers, the dequantization factors read from
-// inside one array (4-byte aligned, not 16). Each call equals a fresh object's call with the same
-// factors in allocations of their own, bit for bit.
-TEST(CudaFp8, ProductsReadFactorsFromInsideAnArrayThroughAReusedPlan) {
+// The model's calls: one matmul object reused across layers, each dequantization factor the first
+// of a 16-byte row of one array (fp8_update_scales' scale_inv). Each call equals a fresh object's
+// call with the same factors in allocations of their own, bit for bit. A factor off a 16-byte
+// boundary, which cuBLASLt refuses when enqueued, is refused before.
+TEST(CudaFp8, ProductsReadFactorsFromRowsOfOneArrayThroughAReusedPlan) {
   SKIP_WITHOUT_FP8();
-  constexpr std::int64_t kM = 64, kN = 48, kK = 128;
+  constexpr std::int64_t kM = 64, kN = 48, kK = 128, kRow = pope::kFp8FactorRow;
   const std::vector<float> a = normal_values(kM * kK, 41, 1.0f), b = normal_values(kN * kK, 42, 1.0f);
   const Cast qa = cast(a, kM, kK, Fp8Format::e4m3, 64.0f), qb = cast(b, kN, kK, Fp8Format::e4m3, 64.0f);
   DeviceArray<std::uint8_t> a_d(qa.out), b_d(qb.out);
-  const std::vector<float> factors{0.5f, 0.25f, 2.0f, 0.125f, 4.0f, 1.0f};
-  DeviceArray<float> packed(factors);
+  const std::vector<float> factors{0.5f, 0.25f, 2.0f, 0.125f};
+  std::vector<float> rows(factors.size() * kRow, 1.0f);
+  for (std::size_t i = 0; i < factors.size(); ++i) rows[i * kRow] = factors[i];
+  DeviceArray<float> packed(rows);
   DeviceArray<__nv_bfloat16> out(kM * kN);
   pope::cuda::CublasLtMatmul reused;
   pope::cuda::GemmCall call;
   call.m = kM, call.n = kN, call.k = kK, call.transpose_b = true, call.out = out.get();
   call.a = a_d.get(), call.b = b_d.get(), call.a_type = call.b_type = pope::cuda::GemmOperand::e4m3;
   call.fast_accumulation = true;
-  for (int first : {0, 1, 3, 2}) {
-    call.a_scale_inv = packed.get() + first, call.b_scale_inv = packed.get() + first + 1;
+  for (std::size_t first : {0, 2, 1}) {
+    call.a_scale_inv = packed.get() + first * kRow, call.b_scale_inv = packed.get() + (first + 1) * kRow;
     reused.run(call, nullptr);
     const std::vector<__nv_bfloat16> got = out.download();
-    DeviceArray<float> a_inv(std::vector<float>{factors[std::size_t(first)]}),
-        b_inv(std::vector<float>{factors[std::size_t(first) + 1]});
+    DeviceArray<float> a_inv(std::vector<float>{factors[first]}), b_inv(std::vector<float>{factors[first + 1]});
     DeviceArray<__nv_bfloat16> fresh_out(kM * kN);
     pope::cuda::GemmCall fresh_call = call;
     fresh_call.a_scale_inv = a_inv.get(), fresh_call.b_scale_inv = b_inv.get(), fresh_call.out = fresh_out.get();
     pope::cuda::CublasLtMatmul fresh;
     fresh.run(fresh_call, nullptr);
     const std::vector<__nv_bfloat16> want = fresh_out.download();
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(got[0])), 0) << "factors at " << first;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(got[0])), 0) << "factors from row " << first;
   }
+  call.b_scale_inv = packed.get() + 1;
+  EXPECT_THROW(reused.run(call, nullptr), std::logic_error);
 }
 
 // Layouts cuBLASLt's FP8 kernels do not take are refused before anything is enqueued.
@@ -376,10 +380,11 @@ TEST_F(CudaFp8Ops, CastsAndScalesEqualTheCpuBitwiseAndProductsWithinTolerance) {
             1e-3);
 
   // The scale update, with a history of 2, over amax values finite and not.
-  const std::vector<float> amax{3.0f, std::nanf(""), 0.0f, 1e-30f}, history(8, 0.5f), ones(4, 1.0f);
+  const std::vector<float> amax{3.0f, std::nanf(""), 0.0f, 1e-30f}, history(8, 0.5f), ones(4 * pope::kFp8FactorRow, 1.0f);
   auto update = [&](pope::Backend& be) {
     const pope::OwnedTensor am = make_tensor(be, {4}, DType::f32, amax), h = make_tensor(be, {4, 2}, DType::f32, history),
-                            s = make_tensor(be, {4}, DType::f32, ones), si = make_tensor(be, {4}, DType::f32, ones);
+                            s = make_tensor(be, {4}, DType::f32, std::vector<float>(4, 1.0f)),
+                            si = make_tensor(be, {4, pope::kFp8FactorRow}, DType::f32, ones);
     be.fp8_update_scales(am.tensor, h.tensor, s.tensor, si.tensor, DType::e5m2, 0);
     be.synchronize();
     std::vector<double> all = pope::test::download(be, s.tensor);

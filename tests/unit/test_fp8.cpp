@@ -115,7 +115,8 @@ TEST_F(CpuFp8, CastWritesBothLayoutsAndFoldsTheAmax) {
 
 TEST_F(CpuFp8, DelayedScalingFollowsTheHistoryAndSkipsNonFiniteAmax) {
   const OwnedTensor amax = tensor({2}, DType::f32), history = tensor({2, 3}, DType::f32, {0, 0, 0, 0, 0, 0}),
-                    scale = tensor({2}, DType::f32, {1.0, 1.0}), scale_inv = tensor({2}, DType::f32, {1.0, 1.0});
+                    scale = tensor({2}, DType::f32, {1.0, 1.0}),
+                    scale_inv = tensor({2, kFp8FactorRow}, DType::f32, std::vector<double>(2 * kFp8FactorRow, 1.0));
   auto step = [&](double a0, double a1) {
     const std::vector<float> values{float(a0), float(a1)};
     be_->copy_from_host(amax.tensor, values.data());
@@ -127,7 +128,7 @@ TEST_F(CpuFp8, DelayedScalingFollowsTheHistoryAndSkipsNonFiniteAmax) {
   EXPECT_EQ(step(2.0, std::nan("")), (std::vector<float>{top / 4, 1.0f}));
   EXPECT_EQ(step(1.0, kInf), (std::vector<float>{top / 4, 1.0f}));
   EXPECT_EQ(step(1.0, 8.0), (std::vector<float>{top / 2, top / 8}));
-  EXPECT_EQ(floats(scale_inv), (std::vector<float>{2.0f / top, 8.0f / top}));
+  EXPECT_EQ(floats(scale_inv), (std::vector<float>{2.0f / top, 1, 1, 1, 8.0f / top, 1, 1, 1}));  // column 0 only
   EXPECT_EQ(floats(amax), (std::vector<float>{0.0f, 0.0f}));
   EXPECT_EQ(floats(history), (std::vector<float>{1, 1, 2, 8, 0, 0}));
 }
