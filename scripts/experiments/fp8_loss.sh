@@ -11,6 +11,7 @@
 #
 #   scripts/experiments/fp8_loss.sh OUT_DIR [124m] [774m]      (default: both)
 #   STEPS=N   steps per run (default 500; at least 101: the warm-up is 100)
+#   KINDS="…" the encodings (default "rope pope")
 # Binaries: $POPE_BIN, else build/gpu/src, build/release/src or build/h/src of this checkout
 # (scripts/experiments/demo_common.sh). Needs a GPU with FP8 tensor cores (sm_89 or later).
 set -euo pipefail
@@ -24,6 +25,10 @@ for size in "${SIZES[@]}"; do
   case $size in 124m | 774m) ;; *) echo "$0: unknown size '$size' (expected 124m or 774m)" >&2; exit 2 ;; esac
 done
 STEPS=${STEPS:-500}
+read -r -a KINDS <<<"${KINDS:-rope pope}"
+for kind in "${KINDS[@]}"; do
+  case $kind in rope | pope) ;; *) echo "$0: unknown encoding '$kind' in KINDS (expected rope or pope)" >&2; exit 2 ;; esac
+done
 WARMUP=100
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -gt "$WARMUP" ] ||
   { echo "$0: STEPS must be a whole number above the $WARMUP warm-up steps, got '$STEPS'" >&2; exit 2; }
@@ -35,7 +40,7 @@ demo_setup "$OUT_DIR"
 for size in "${SIZES[@]}"; do
   micro=32
   [ "$size" = 774m ] && micro=16
-  for kind in rope pope; do
+  for kind in "${KINDS[@]}"; do
     for precision in bf16 fp8; do
       name=${size}_${kind}_$precision
       rm -rf "${RUNS:?}/$name"
@@ -48,10 +53,10 @@ for size in "${SIZES[@]}"; do
   done
 done
 
-python3 - "$OUT_DIR" "$WARMUP" "${SIZES[@]}" <<'PY'
+python3 - "$OUT_DIR" "$WARMUP" "${KINDS[*]}" "${SIZES[@]}" <<'PY'
 import json, os, sys
 
-out, warmup, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, warmup, kinds, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
 
 
 def records(run, event):
@@ -61,7 +66,7 @@ def records(run, event):
 
 rows, summary = [], {}
 for size in sizes:
-    for kind in ("rope", "pope"):
+    for kind in kinds:
         pair = {p: {r["step"]: r["loss"] for r in records(f"{size}_{kind}_{p}", "train")} for p in ("bf16", "fp8")}
         val = {p: records(f"{size}_{kind}_{p}", "eval")[-1]["val_loss"] for p in ("bf16", "fp8")}
         worst = 0.0
@@ -85,7 +90,8 @@ PY
 
 if command -v gnuplot >/dev/null; then
   for size in "${SIZES[@]}"; do
-    scripts/plot_loss.sh "$RUNS/${size}_rope_bf16" "$RUNS/${size}_rope_fp8" "$RUNS/${size}_pope_bf16" \
-      "$RUNS/${size}_pope_fp8" -o "$OUT_DIR/loss_$size.png" --title "${size^^} on data/demo: bf16 and FP8" >/dev/null
+    runs=()
+    for kind in "${KINDS[@]}"; do runs+=("$RUNS/${size}_${kind}_bf16" "$RUNS/${size}_${kind}_fp8"); done
+    scripts/plot_loss.sh "${runs[@]}" -o "$OUT_DIR/loss_$size.png" --title "${size^^} on data/demo: bf16 and FP8" >/dev/null
   done
 fi

@@ -165,7 +165,6 @@ const CublasLtMatmul::Plan& CublasLtMatmul::plan_for(const GemmCall& call) {
   if (auto found = plans_.find(key); found != plans_.end()) return *found->second;
 
   const bool fp8 = is_fp8(call);
-  if (fp8) check_fp8_call(call);
   auto plan = std::make_unique<Plan>();
   check_cublas(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   if (fp8) {
@@ -244,6 +243,7 @@ void CublasLtMatmul::set_call_pointers(const Plan& plan, const GemmCall& call) {
 }
 
 void CublasLtMatmul::run(const GemmCall& call, cudaStream_t stream) {
+  if (is_fp8(call)) check_fp8_call(call);  // every call: the factors' alignment is not in the plan's key
   const Plan& plan = plan_for(call);
   set_call_pointers(plan, call);
   const cublasStatus_t status =
