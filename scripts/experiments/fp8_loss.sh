@@ -7,17 +7,24 @@
 #   100 warm-up steps to lr 6e-4, cosine to 6e-5, an evaluation every 100 steps, no checkpoints.
 # Writes into OUT_DIR: runs/SIZE_KIND_PRECISION/, logs/, commands.txt, gap.csv (step, both losses
 # and the relative gap per run pair), summary.json (the largest gap after warm-up and the final
-# validation losses), loss_SIZE.png (with gnuplot), and prints the table last.
+# validation losses), loss.png and gap.png (with gnuplot), and prints the table last.
 #
 #   scripts/experiments/fp8_loss.sh OUT_DIR [124m] [774m]      (default: both)
+#   scripts/experiments/fp8_loss.sh --plot-only OUT_DIR        the figures again from OUT_DIR/gap.csv
 #   STEPS=N   steps per run (default 500; at least 101: the warm-up is 100)
 #   KINDS="…" the encodings (default "rope pope")
 # Binaries: $POPE_BIN, else build/gpu/src, build/release/src or build/h/src of this checkout
 # (scripts/experiments/demo_common.sh). Needs a GPU with FP8 tensor cores (sm_89 or later).
 set -euo pipefail
 
-usage() { echo "usage: $0 OUT_DIR [124m] [774m]   (env STEPS, default 500)" >&2; exit 2; }
+usage() { echo "usage: $0 OUT_DIR [124m] [774m] | $0 --plot-only OUT_DIR   (env STEPS, KINDS)" >&2; exit 2; }
 [ $# -ge 1 ] || usage
+PLOT_ONLY=0
+if [ "$1" = --plot-only ]; then
+  [ $# -eq 2 ] || usage
+  PLOT_ONLY=1
+  shift
+fi
 OUT_DIR=$1; shift
 SIZES=("$@")
 [ ${#SIZES[@]} -gt 0 ] || SIZES=(124m 774m)
@@ -32,6 +39,31 @@ done
 WARMUP=100
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -gt "$WARMUP" ] ||
   { echo "$0: STEPS must be a whole number above the $WARMUP warm-up steps, got '$STEPS'" >&2; exit 2; }
+
+# loss.png (both precisions' training loss) and gap.png (FP8's relative gap, the ±1% band) from
+# gap.csv, with gnuplot when it is installed.
+plot_gap_csv() {
+  command -v gnuplot >/dev/null 2>&1 || { echo "$0: no gnuplot; gap.csv is written, plot it with --plot-only" >&2; return 0; }
+  local pairs csv=$OUT_DIR/gap.csv
+  pairs=$(tail -n +2 "$csv" | cut -d, -f1,2 | sort -u | tr ',' '_' | tr '\n' ' ')
+  gnuplot -e "set terminal pngcairo size 900,540 noenhanced; set datafile separator ','; set grid; set key outside right;
+    pairs = '$pairs'; pick(p, c) = (strcol(1).'_'.strcol(2) eq p) ? column(c) : 1/0;
+    set xlabel 'training step'; set ylabel 'training loss'; set title 'bf16 and FP8 from one seed, data/demo';
+    set output '$OUT_DIR/loss.png';
+    plot for [p in pairs] '$csv' using 3:(pick(p, 4)) every ::1 with lines title p.' bf16', \
+         for [p in pairs] '$csv' using 3:(pick(p, 5)) every ::1 with lines dashtype 2 title p.' fp8';
+    set ylabel 'FP8 / bf16 − 1 (%)'; set title 'FP8 training loss relative to bf16 on the same batch';
+    set output '$OUT_DIR/gap.png'; set yrange [-3:3];
+    plot for [p in pairs] '$csv' using 3:(100 * pick(p, 6)) every ::1 with linespoints title p, \
+         1 with lines lc 'black' dashtype 3 title '±1%', -1 with lines lc 'black' dashtype 3 notitle" ||
+    echo "$0: gnuplot failed; gap.csv is written" >&2
+}
+
+if [ "$PLOT_ONLY" -eq 1 ]; then
+  [ -f "$OUT_DIR/gap.csv" ] || { echo "$0: $OUT_DIR/gap.csv not found" >&2; exit 1; }
+  plot_gap_csv
+  exit 0
+fi
 
 # shellcheck source=scripts/experiments/demo_common.sh
 source "$(dirname "$0")/demo_common.sh"
@@ -88,10 +120,4 @@ for name, s in summary.items():
     print(f"| {name} | {100 * s['largest_gap_after_warmup']:.2f}% | {s['val_loss_bf16']:.4f} | {s['val_loss_fp8']:.4f} |")
 PY
 
-if command -v gnuplot >/dev/null; then
-  for size in "${SIZES[@]}"; do
-    runs=()
-    for kind in "${KINDS[@]}"; do runs+=("$RUNS/${size}_${kind}_bf16" "$RUNS/${size}_${kind}_fp8"); done
-    scripts/plot_loss.sh "${runs[@]}" -o "$OUT_DIR/loss_$size.png" --title "${size^^} on data/demo: bf16 and FP8" >/dev/null
-  done
-fi
+plot_gap_csv
