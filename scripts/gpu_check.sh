@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build with CUDA, run the GPU and CPU test suites, train the
 # 124M config for a few steps per encoding on the demo data, time pope-eval on the trained RoPE
-# checkpoint at L = 1024 and 10240 over data/pg19_demo, and print a short table last.
+# checkpoint at L = 1024 and 10240 over data/pg19_demo, resume a 124M run across train.precision
+# (bf16 → fp8 and fp8 → bf16, on GPUs with FP8 tensor cores), and print a short table last.
 # Logs go to $OUT (or /tmp/pope_gpu_check). Usage: scripts/gpu_check.sh [steps]
 # Env: RUNS (size:encoding pairs to train, default "124m:rope 124m:pope 124m:full 774m:rope"),
 #      SKIP_CPU_TESTS=1 (they run in CI).
@@ -47,6 +48,29 @@ print(f\"{t[-1]['tokens_per_second']:.0f} tok/s, loss {t[0]['loss']:.3f} (step {
       "$run/metrics.jsonl" 2>/dev/null || echo "failed")
   done
 fi
+# A run resumes in either precision: half the steps in one, the rest from its checkpoint in the other.
+declare -A resumed
+if [ -f data/demo/train.bin ] && [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)" -ge 89 ]; then
+  half=$((STEPS / 2))
+  for order in "bf16 fp8" "fp8 bf16"; do
+    read -r first second <<<"$order"
+    run="/tmp/pope_gpu_resume_${first}_$second"
+    rm -rf "$run"
+    common=(--config owt_124m --device cuda --out "$run" --set data.train=data/demo/train.bin
+            --set data.val=data/demo/val.bin --set model.position.kind=rope --set train.steps="$STEPS"
+            --set train.log_every=5 --set train.eval_every=0 --set train.checkpoint_every="$half")
+    if build/gpu/src/pope-train "${common[@]}" --set train.precision="$first" --stop-at "$half" \
+         >"$LOGS/resume_${first}_$second.log" 2>&1 &&
+       build/gpu/src/pope-train "${common[@]}" --set train.precision="$second" --resume auto \
+         >>"$LOGS/resume_${first}_$second.log" 2>&1; then
+      resumed["$first → $second"]=$(python3 -c "import json,sys; t=[json.loads(l) for l in open(sys.argv[1])]; \
+t=[x for x in t if x['event']=='train']; print(f\"steps {t[0]['step']}…{t[-1]['step']}, loss {t[0]['loss']:.3f} -> {t[-1]['loss']:.3f}\")" \
+        "$run/metrics.jsonl" 2>/dev/null || echo "no metrics")
+    else
+      resumed["$first → $second"]="failed (see resume_${first}_$second.log)"
+    fi
+  done
+fi
 eval_summary="not run"
 if [ -f /tmp/pope_gpu_run_rope/config.json ] && [ -d data/pg19_demo ]; then
   build/gpu/src/pope-eval --checkpoint /tmp/pope_gpu_run_rope --data data/pg19_demo --lengths 1024,10240 \
@@ -64,3 +88,4 @@ echo "| GPU tests | $(grep -E 'tests passed' "$LOGS/gpu_tests.log" || echo 'did 
 echo "| CPU tests | $(grep -E 'tests passed' "$LOGS/cpu_tests.log" || echo 'did not run') |"
 for run in "${!tokens_per_second[@]}"; do echo "| $run, $STEPS steps | ${tokens_per_second[$run]} |"; done
 echo "| pope-eval 124M RoPE, data/pg19_demo | $eval_summary |"
+for order in "${!resumed[@]}"; do echo "| 124M RoPE resumed $order, $STEPS steps | ${resumed[$order]} |"; done
