@@ -20,11 +20,17 @@ enum class Fp8Format : int { e4m3, e5m2 };
 // The largest finite value of the format: 448 (e4m3) or 57,344 (e5m2).
 constexpr float fp8_max(Fp8Format format) { return format == Fp8Format::e4m3 ? 448.0f : 57344.0f; }
 
-// out[r, c] = fp8(x[r, c] · *scale) and out_t[c, r] the same value (either may be null), rounding
-// to nearest and saturating at ±fp8_max(format); *amax = max(*amax, max |x|) (amax may be null).
+// What a cast applies to its input first: nothing, GELU, or GELU's backward (x · gelu'(pre)).
+enum class Fp8CastPrologue : int { none, gelu, gelu_backward };
+
+// out[r, c] = fp8(v[r, c] · *scale) and out_t[c, r] the same value (either may be null), rounding
+// to nearest and saturating at ±fp8_max(format); *amax = max(*amax, max |v|) (amax may be null).
+// v = x, bf16(gelu(x)) or bf16(x · gelu'(pre)) by the prologue: the values gelu_forward or
+// gelu_backward (elementwise.cuh) would store, so a fused cast equals the unfused pair bit for bit.
 cudaError_t fp8_cast_transpose_bf16(const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols, Fp8Format format,
                                     const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, Fp8CastPrologue prologue = Fp8CastPrologue::none,
+                                    const __nv_bfloat16* pre = nullptr);
 
 // Delayed scaling of `count` tensors, one format: for each tensor i with a finite amax[i], push it
 // into history[i, 0 .. length) (newest first), and where the history's max m > 0 set

@@ -256,10 +256,15 @@ class Backend {
   // on FP8 tensor cores (has_fp8_tensor_cores); the CPU backend computes them exactly, as the
   // reference the GPU's are tested against, and does not train with them.
   //
-  // fp8_cast: out (e4m3 | e5m2 [R, C]) = fp8(x · scale) and out_t ([C, R], same dtype) its
+  // fp8_cast: out (e4m3 | e5m2 [R, C]) = fp8(v · scale) and out_t ([C, R], same dtype) its
   // transpose, either empty, rounded as float_to_fp8 (model/fp8.hpp); amax (f32 [1]) becomes
-  // max(amax, max |x|), NaN or +inf when x holds one. x: the activation dtype [R, C]; scale f32 [1].
-  virtual void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) = 0;
+  // max(amax, max |v|), NaN or +inf when v holds one. x: the activation dtype [R, C]; scale f32 [1].
+  // v is what the prologue makes of x, rounded to the activation dtype as the unfused op would
+  // store it: x itself (none), gelu(x), or x · gelu'(pre) (gelu_backward: x the gradient of GELU's
+  // output, pre [R, C] its input). The prologues fuse GELU and its backward into the cast.
+  enum class Fp8Prologue { none, gelu, gelu_backward };
+  virtual void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax,
+                        Fp8Prologue prologue = Fp8Prologue::none, Tensor pre = {}) = 0;
   // Delayed scaling of k tensors of `format` (amax, scale f32 [k]; history f32 [k, L], newest
   // first; scale_inv f32 [k, kFp8FactorRow], the factor in column 0): a finite amax[i] is pushed
   // into history row i, and where that row's max m > 0, scale[i] = fp8 max / m / 2^margin and

@@ -126,8 +126,9 @@ template <class Real> class CpuBackend final : public Backend {
   void gelu_backward(Tensor dx, Tensor dout, Tensor x) override { cpu::gelu_backward<Real>(threads_, dx, dout, x); }
   void add(Tensor out, Tensor a, Tensor b) override { cpu::add<Real>(threads_, out, a, b); }
   void clamp(Tensor x, double lowest, double highest) override { cpu::clamp<Real>(threads_, x, lowest, highest); }
-  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) override {
-    cpu::fp8_cast<Real>(threads_, out, out_t, x, scale, amax);
+  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax, Fp8Prologue prologue,
+                Tensor pre) override {
+    cpu::fp8_cast<Real>(threads_, out, out_t, x, scale, amax, prologue, pre);
   }
   void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
                          int margin) override {

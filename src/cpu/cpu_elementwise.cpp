@@ -1,21 +1,15 @@
-// Elementwise ops: GELU (tanh approximation, as in GPT-2), addition and clamping.
-//   gelu(x)  = ½ x (1 + tanh u),  u = √(2/π) (x + 0.044715 x³)
-//   gelu'(x) = ½ (1 + tanh u) + ½ x (1 − tanh² u) √(2/π) (1 + 3·0.044715 x²)
+// Elementwise ops: GELU (cpu/cpu_gelu.hpp), addition and clamping.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "cpu/cpu_checks.hpp"
+#include "cpu/cpu_gelu.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/cpu_parallel.hpp"
 
 namespace pope::cpu {
-
-namespace {
-template <class Real> constexpr Real kGeluScale = Real(0.7978845608028654);  // √(2/π)
-template <class Real> constexpr Real kGeluCubic = Real(0.044715);
-}  // namespace
 
 template <class Real> void gelu_forward(int threads, Tensor out, Tensor x) {
   constexpr DType real = dtype_of<Real>();
@@ -23,10 +17,7 @@ template <class Real> void gelu_forward(int threads, Tensor out, Tensor x) {
   check_vector("gelu_forward", "out", out, real, x.numel());
   const Real* xs = x.as<Real>();
   Real* y = out.as<Real>();
-  parallel_for(threads, x.numel(), [&](std::int64_t i) {
-    const Real v = xs[i];
-    y[i] = Real(0.5) * v * (Real(1) + std::tanh(kGeluScale<Real> * (v + kGeluCubic<Real> * v * v * v)));
-  });
+  parallel_for(threads, x.numel(), [&](std::int64_t i) { y[i] = gelu(xs[i]); });
 }
 
 template <class Real> void gelu_backward(int threads, Tensor dx, Tensor dout, Tensor x) {
@@ -36,12 +27,7 @@ template <class Real> void gelu_backward(int threads, Tensor dx, Tensor dout, Te
   check_vector("gelu_backward", "dx", dx, real, x.numel());
   const Real *xs = x.as<Real>(), *dy = dout.as<Real>();
   Real* d = dx.as<Real>();
-  parallel_for(threads, x.numel(), [&](std::int64_t i) {
-    const Real v = xs[i];
-    const Real t = std::tanh(kGeluScale<Real> * (v + kGeluCubic<Real> * v * v * v));
-    const Real du_dx = kGeluScale<Real> * (Real(1) + Real(3) * kGeluCubic<Real> * v * v);
-    d[i] = dy[i] * (Real(0.5) * (Real(1) + t) + Real(0.5) * v * (Real(1) - t * t) * du_dx);
-  });
+  parallel_for(threads, x.numel(), [&](std::int64_t i) { d[i] = dy[i] * gelu_derivative(xs[i]); });
 }
 
 template <class Real> void add(int threads, Tensor out, Tensor a, Tensor b) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/cpu_gelu.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/cpu_parallel.hpp"
 #include "model/fp8.hpp"
@@ -21,12 +22,26 @@ float fold_amax(float running, float value) {
 
 }  // namespace
 
-template <class Real> void fp8_cast(int threads, Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) {
-  const checks::Fp8CastShape shape = checks::check_fp8_cast(DeviceKind::cpu, out, out_t, x, dtype_of<Real>(), scale, amax);
+template <class Real>
+void fp8_cast(int threads, Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax, Backend::Fp8Prologue prologue,
+              Tensor pre) {
+  using Prologue = Backend::Fp8Prologue;
+  const checks::Fp8CastShape shape = checks::check_fp8_cast(DeviceKind::cpu, out, out_t, x, dtype_of<Real>(), scale,
+                                                            amax, pre, prologue == Prologue::gelu_backward);
   const std::int64_t R = shape.rows, C = shape.cols;
   const DType format = shape.format;
   const float s = *scale.as<float>();
+  // The prologue's values, as gelu_forward / gelu_backward would store them.
+  std::vector<Real> values;
   const Real* xs = x.as<Real>();
+  if (prologue != Prologue::none) {
+    values.resize(std::size_t(R * C));
+    const Real* pres = prologue == Prologue::gelu_backward ? pre.as<Real>() : nullptr;
+    parallel_for(threads, R * C, [&](std::int64_t i) {
+      values[std::size_t(i)] = prologue == Prologue::gelu ? gelu(xs[i]) : xs[i] * gelu_derivative(pres[i]);
+    });
+    xs = values.data();
+  }
   auto* q = static_cast<std::uint8_t*>(out.data);
   auto* q_t = static_cast<std::uint8_t*>(out_t.data);
   parallel_for(threads, R, [&](std::int64_t r) {
@@ -90,8 +105,8 @@ void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
   });
 }
 
-template void fp8_cast<float>(int, Tensor, Tensor, Tensor, Tensor, Tensor);
-template void fp8_cast<double>(int, Tensor, Tensor, Tensor, Tensor, Tensor);
+template void fp8_cast<float>(int, Tensor, Tensor, Tensor, Tensor, Tensor, Backend::Fp8Prologue, Tensor);
+template void fp8_cast<double>(int, Tensor, Tensor, Tensor, Tensor, Tensor, Backend::Fp8Prologue, Tensor);
 template void fp8_matmul<float>(int, Tensor, Tensor, Tensor, Tensor, Tensor, double);
 template void fp8_matmul<double>(int, Tensor, Tensor, Tensor, Tensor, Tensor, double);
 

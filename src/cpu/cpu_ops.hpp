@@ -50,7 +50,9 @@ template <class Real>
 void greedy_tokens(int threads, Tensor ids, Tensor log_probs, Tensor logits, int vocab_size, Tensor past, int advance);
 
 // cpu_fp8.cpp
-template <class Real> void fp8_cast(int threads, Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax);
+template <class Real>
+void fp8_cast(int threads, Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax, Backend::Fp8Prologue prologue,
+              Tensor pre);
 void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format, int margin);
 template <class Real>
 void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta);

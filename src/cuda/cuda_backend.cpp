@@ -506,12 +506,19 @@ class CudaBackend final : public Backend {
 
   // ---- FP8 (the casts of kernels/fp8_cast.cuh, cuBLASLt's FP8 products) ---------------------------
 
-  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) override {
-    const checks::Fp8CastShape shape = checks::check_fp8_cast(DeviceKind::cuda, out, out_t, x, DType::bf16, scale, amax);
+  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax, Fp8Prologue prologue,
+                Tensor pre) override {
+    const checks::Fp8CastShape shape = checks::check_fp8_cast(DeviceKind::cuda, out, out_t, x, DType::bf16, scale, amax,
+                                                              pre, prologue == Fp8Prologue::gelu_backward);
     require_fp8_tensor_cores("fp8_cast");
+    const kernels::Fp8CastPrologue kernel_prologue = prologue == Fp8Prologue::gelu ? kernels::Fp8CastPrologue::gelu
+                                                     : prologue == Fp8Prologue::gelu_backward
+                                                         ? kernels::Fp8CastPrologue::gelu_backward
+                                                         : kernels::Fp8CastPrologue::none;
     launched(kernels::fp8_cast_transpose_bf16(bf16_data(x), shape.rows, shape.cols, kernel_format(shape.format),
                                               scale.as<float>(), static_cast<std::uint8_t*>(out.data),
-                                              static_cast<std::uint8_t*>(out_t.data), amax.as<float>(), stream_),
+                                              static_cast<std::uint8_t*>(out_t.data), amax.as<float>(), stream_,
+                                              kernel_prologue, pre.empty() ? nullptr : bf16_data(pre)),
              "fp8_cast");
   }
 

@@ -28,9 +28,14 @@ void check_fp8_matrix(DeviceKind device, std::string_view op, std::string_view n
 bool is_fp8(DType dtype) { return dtype == DType::e4m3 || dtype == DType::e5m2; }
 
 Fp8CastShape check_fp8_cast(DeviceKind device, const Tensor& out, const Tensor& out_t, const Tensor& x, DType x_dtype,
-                            const Tensor& scale, const Tensor& amax) {
+                            const Tensor& scale, const Tensor& amax, const Tensor& pre, bool expects_pre) {
   constexpr std::string_view op = "fp8_cast";
   check_2d(device, op, "x", x, x_dtype);
+  if (expects_pre) {
+    check_matrix(device, op, "pre", pre, x_dtype, x.dim(0), x.dim(1));
+  } else {
+    require(pre.empty(), op, "pre is given, but only the gelu_backward prologue reads it");
+  }
   Fp8CastShape shape{x.dim(0), x.dim(1), !out.empty() ? out.dtype : out_t.dtype};
   require(!out.empty() || !out_t.empty(), op, "expected out, out_t or both");
   if (!out.empty()) {

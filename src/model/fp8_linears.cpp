@@ -63,34 +63,35 @@ Fp8Linears::Slot Fp8Linears::slot(Group& group, std::int64_t i) {
           group.scale_inv.tensor.rows(i, i + 1)};
 }
 
-void Fp8Linears::cast(Slot s, Tensor out, Tensor out_t, Tensor x, std::int64_t id, DType format) {
+void Fp8Linears::cast(Slot s, Tensor out, Tensor out_t, Tensor x, std::int64_t id, DType format, Prologue prologue,
+                      Tensor pre) {
   if (!calibrated_[std::size_t(id)]) {
-    backend_.fp8_cast(out, out_t, x, s.scale, s.amax);
+    backend_.fp8_cast(out, out_t, x, s.scale, s.amax, prologue, pre);
     backend_.fp8_update_scales(s.amax, s.history, s.scale, s.scale_inv, format, 0);
     calibrated_[std::size_t(id)] = true;
   }
-  backend_.fp8_cast(out, out_t, x, s.scale, s.amax);
+  backend_.fp8_cast(out, out_t, x, s.scale, s.amax, prologue, pre);
 }
 
-void Fp8Linears::forward(int layer, Linear which, Tensor out, Tensor x, Tensor w) {
+void Fp8Linears::forward(int layer, Linear which, Tensor out, Tensor x, Tensor w, Prologue prologue) {
   const std::int64_t i = index(layer, which), count = std::int64_t(n_layer_) * kLinears;
   const std::int64_t rows = x.dim(0);
   if (rows != rows_) throw std::logic_error("Fp8Linears::forward: not the reserved rows");
   const Tensor x8 = view(x8_, DType::e4m3, {rows, in_features(which)});
   const Tensor x_t = x_t_[std::size_t(i)].tensor;  // kept for the weight gradient
   const Slot sw = slot(e4m3_, count + i), sx = slot(e4m3_, i);
-  cast(sw, w_[std::size_t(i)].tensor, w_t_[std::size_t(i)].tensor, w, count + i, DType::e4m3);
-  cast(sx, x8, x_t, x, i, DType::e4m3);
+  cast(sw, w_[std::size_t(i)].tensor, w_t_[std::size_t(i)].tensor, w, count + i, DType::e4m3, Prologue::none, {});
+  cast(sx, x8, x_t, x, i, DType::e4m3, prologue, {});
   backend_.fp8_matmul(out, x8, sx.scale_inv, w_[std::size_t(i)].tensor, sw.scale_inv, 0.0, true);
 }
 
-void Fp8Linears::backward(int layer, Linear which, Tensor dx, Tensor dw, Tensor dy) {
+void Fp8Linears::backward(int layer, Linear which, Tensor dx, Tensor dw, Tensor dy, Prologue prologue, Tensor pre) {
   const std::int64_t i = index(layer, which), count = std::int64_t(n_layer_) * kLinears;
   const std::int64_t rows = dy.dim(0), n = out_features(which);
   if (rows != rows_) throw std::logic_error("Fp8Linears::backward: not the reserved rows");
   const Tensor dy8 = view(dy8_, DType::e5m2, {rows, n}), dy8_t = view(dy8_t_, DType::e5m2, {n, rows});
   const Slot sdy = slot(e5m2_, i), sw = slot(e4m3_, count + i), sx = slot(e4m3_, i);
-  cast(sdy, dx.empty() ? Tensor{} : dy8, dy8_t, dy, 2 * count + i, DType::e5m2);
+  cast(sdy, dx.empty() ? Tensor{} : dy8, dy8_t, dy, 2 * count + i, DType::e5m2, prologue, pre);
   if (!dx.empty()) backend_.fp8_matmul(dx, dy8, sdy.scale_inv, w_t_[std::size_t(i)].tensor, sw.scale_inv, 0.0, false);
   backend_.fp8_matmul(dw, dy8_t, sdy.scale_inv, x_t_[std::size_t(i)].tensor, sx.scale_inv, 1.0, false);
 }

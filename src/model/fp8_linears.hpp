@@ -25,11 +25,15 @@ class Fp8Linears {
   // Buffers for micro-batches of exactly `rows` rows (B·T); allocates again only when rows changes.
   void reserve(std::int64_t rows);
 
-  // out [rows, N] (activation dtype) = x [rows, K] · wᵀ, w [N, K], through FP8.
-  void forward(int layer, Linear which, Tensor out, Tensor x, Tensor w);
+  using Prologue = Backend::Fp8Prologue;
+  // out [rows, N] (activation dtype) = x [rows, K] · wᵀ, w [N, K], through FP8; with the gelu
+  // prologue, gelu(x) takes x's place (x the GELU's input), fused into x's cast.
+  void forward(int layer, Linear which, Tensor out, Tensor x, Tensor w, Prologue prologue = Prologue::none);
   // dx [rows, K] = dy · w (skipped when empty) and dw [N, K] (f32) += dyᵀ · x, with the x of the
-  // last forward of this layer and linear; dy [rows, N].
-  void backward(int layer, Linear which, Tensor dx, Tensor dw, Tensor dy);
+  // last forward of this layer and linear; dy [rows, N]. With the gelu_backward prologue,
+  // dy · gelu'(pre) takes dy's place (dy the gradient of GELU's output, pre its input).
+  void backward(int layer, Linear which, Tensor dx, Tensor dw, Tensor dy, Prologue prologue = Prologue::none,
+                Tensor pre = {});
   // The delayed-scaling update of every tensor: after each backward.
   void update_scales();
 
@@ -44,8 +48,9 @@ class Fp8Linears {
   std::int64_t index(int layer, Linear which) const { return std::int64_t(layer) * kLinears + which; }
   std::int64_t in_features(Linear which) const;
   std::int64_t out_features(Linear which) const;
-  // Casts x into out/out_t with the slot's scale; the first time, measures the amax first.
-  void cast(Slot s, Tensor out, Tensor out_t, Tensor x, std::int64_t id, DType format);
+  // Casts x (through the prologue) into out/out_t with the slot's scale; the first time, measures
+  // the amax first.
+  void cast(Slot s, Tensor out, Tensor out_t, Tensor x, std::int64_t id, DType format, Prologue prologue, Tensor pre);
 
   Backend& backend_;
   int n_layer_;

@@ -392,7 +392,8 @@ void Model::layer_forward(int l, const LayerTensors& t, bool recompute, const La
   std::vector<Tensor> pparams;  // read from the master weights: the encodings work in fp32
   for (auto idx : li.position) pparams.push_back(layout_.view(params_.tensor, idx));
   if (fp8_ && t.fp8) {
-    // The four products in FP8; their epilogues (residual adds, GELU) as ops of their own.
+    // The four products in FP8: the residual adds as ops of their own, the GELU fused into the cast of
+    // the MLP output layer's input (t.fc_act is not written).
     be.rmsnorm_forward(t.norm1, t.rstd1, t.residual, weight(li.attn_norm), config_.norm_eps);
     fp8_->forward(l, Fp8Linears::qkv, t.qkv, t.norm1, weight(li.qkv));
     attention(t, pparams);
@@ -400,8 +401,7 @@ void Model::layer_forward(int l, const LayerTensors& t, bool recompute, const La
     be.add(t.residual_mid, t.residual_mid, t.residual);
     be.rmsnorm_forward(t.norm2, t.rstd2, t.residual_mid, weight(li.mlp_norm), config_.norm_eps);
     fp8_->forward(l, Fp8Linears::mlp_fc, t.fc_pre, t.norm2, weight(li.fc));
-    be.gelu_forward(t.fc_act, t.fc_pre);
-    fp8_->forward(l, Fp8Linears::mlp_proj, t.residual_out, t.fc_act, weight(li.mlp_proj));
+    fp8_->forward(l, Fp8Linears::mlp_proj, t.residual_out, t.fc_pre, weight(li.mlp_proj), Fp8Linears::Prologue::gelu);
     be.add(t.residual_out, t.residual_out, t.residual_mid);
     return;
   }
@@ -489,8 +489,8 @@ void Model::backward_pass(Tensor tokens, int B, int T) {
     // MLP branch: residual[l+1] = residual_mid + fc_act · W_projᵀ.
     if (fp8_) {
       fp8_->backward(l, Fp8Linears::mlp_proj, a.d_fc.tensor, grad(li.mlp_proj), a.d_residual.tensor);
-      be.gelu_backward(a.d_fc.tensor, a.d_fc.tensor, a.fc_pre[l].tensor);
-      fp8_->backward(l, Fp8Linears::mlp_fc, a.d_norm.tensor, grad(li.fc), a.d_fc.tensor);
+      fp8_->backward(l, Fp8Linears::mlp_fc, a.d_norm.tensor, grad(li.fc), a.d_fc.tensor,
+                     Fp8Linears::Prologue::gelu_backward, a.fc_pre[l].tensor);
     } else {
       be.matmul(grad(li.mlp_proj), a.d_residual.tensor, a.fc_act_of(l), true, false, 1.0, 1.0);
       be.matmul_epilogue(a.d_fc.tensor, a.d_residual.tensor, weight(li.mlp_proj), false, false,

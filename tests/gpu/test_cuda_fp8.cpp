@@ -1,7 +1,8 @@
 // The FP8 building blocks of train.precision = "fp8": the scaled casts (kernels/fp8_cast.cuh) bit
 // for bit against the host's conversion of cuda_fp8.h, their amax with zeros, an outlier and
-// non-finite values, and cuBLASLt's FP8 products (e4m3 · e4m3, e5m2 · e4m3, into bf16 and
-// accumulated into f32) against an f32 product of the same dequantised operands; then the CUDA
+// non-finite values, their GELU prologues against the GELU kernels then the cast, and cuBLASLt's
+// FP8 products (e4m3 · e4m3, e5m2 · e4m3, into bf16 and accumulated into f32) against an f32
+// product of the same dequantised operands; then the CUDA
 // backend's FP8 ops (the scale update among them) against the CPU backend's. Reports SKIPPED
 // (visibly) without a GPU or on one without FP8 tensor cores (before sm_89), except the first
 // test, which holds the CPU reference's conversion (model/fp8.hpp) to cuda_fp8.h's on the host.
@@ -24,6 +25,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda_op_test_support.hpp"
 #include "cuda/cuda_device.hpp"
+#include "elementwise.cuh"
 #include "fp8_cast.cuh"
 #include "model/bf16.hpp"
 #include "model/fp8.hpp"
@@ -161,6 +163,36 @@ TEST(CudaFp8, CastTransposeEqualsTheHostConversionAndTheAmaxIsExact) {
         EXPECT_EQ(host_fp8_value(got.out[17], format), -448.0f);
       }
     }
+}
+
+// The GELU prologues equal the unfused pair on the GPU, gelu_forward (or gelu_backward) into a bf16
+// tensor and then the cast, bit for bit in both layouts and in the amax, on both kernels' shapes.
+TEST(CudaFp8, CastProloguesEqualTheGeluKernelsThenTheCast) {
+  SKIP_WITHOUT_FP8();
+  using pope::kernels::Fp8CastPrologue;
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{45, 70}, {128, 192}}) {
+    const std::size_t n = std::size_t(rows * cols);
+    DeviceArray<__nv_bfloat16> x(to_bf16(normal_values(n, 51, 2.0f))), pre(to_bf16(normal_values(n, 52, 1.5f))),
+        staged(n);
+    DeviceArray<float> scale(std::vector<float>{40.0f});
+    auto cast = [&](const __nv_bfloat16* input, Fp8CastPrologue prologue, const __nv_bfloat16* with) {
+      DeviceArray<std::uint8_t> out(n), out_t(n);
+      DeviceArray<float> amax(std::vector<float>{0.0f});
+      EXPECT_EQ(pope::kernels::fp8_cast_transpose_bf16(input, rows, cols, Fp8Format::e5m2, scale.get(), out.get(),
+                                                       out_t.get(), amax.get(), nullptr, prologue, with),
+                cudaSuccess);
+      std::vector<std::uint8_t> all = out.download(), transposed = out_t.download();
+      all.insert(all.end(), transposed.begin(), transposed.end());
+      return std::make_pair(all, amax.download()[0]);
+    };
+    ASSERT_EQ(pope::kernels::gelu_forward(staged.get(), x.get(), n, nullptr), cudaSuccess);
+    EXPECT_EQ(cast(x.get(), Fp8CastPrologue::gelu, nullptr), cast(staged.get(), Fp8CastPrologue::none, nullptr))
+        << rows << " × " << cols;
+    ASSERT_EQ(pope::kernels::gelu_backward(staged.get(), x.get(), pre.get(), n, nullptr), cudaSuccess);
+    EXPECT_EQ(cast(x.get(), Fp8CastPrologue::gelu_backward, pre.get()),
+              cast(staged.get(), Fp8CastPrologue::none, nullptr))
+        << rows << " × " << cols;
+  }
 }
 
 // The running amax only grows: a cast of zeros keeps the amax it was given (and writes zeros);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "cpu/cpu_backend.hpp"
@@ -111,6 +112,35 @@ TEST_F(CpuFp8, CastWritesBothLayoutsAndFoldsTheAmax) {
   const OwnedTensor bad = tensor({2, 3}, DType::f64, {1.0, kInf, 0.0, std::nan(""), 0.0, 0.0});
   be_->fp8_cast(out.tensor, {}, bad.tensor, scale.tensor, fresh.tensor);
   EXPECT_TRUE(std::isnan(floats(fresh)[0]));
+}
+
+// The prologues equal the unfused ops: gelu_forward (or gelu_backward) into a tensor, then the cast,
+// byte for byte and in the amax; a gelu_backward cast without pre, or pre for another prologue, is
+// refused.
+TEST_F(CpuFp8, CastProloguesEqualTheGeluOpsThenTheCast) {
+  using Prologue = Backend::Fp8Prologue;
+  const std::vector<double> x{1.5, -2.0, 0.3, 4.0, -0.7, 3.0}, pre{0.2, -1.0, 2.5, -0.1, 0.8, -3.0};
+  const OwnedTensor xs = tensor({2, 3}, DType::f64, x), pres = tensor({2, 3}, DType::f64, pre),
+                    scale = tensor({1}, DType::f32, {50.0}), staged = tensor({2, 3}, DType::f64);
+  auto cast = [&](Tensor input, Prologue prologue, Tensor with) {
+    const OwnedTensor out = tensor({2, 3}, DType::e4m3), out_t = tensor({3, 2}, DType::e4m3),
+                      amax = tensor({1}, DType::f32, {0.0});
+    be_->fp8_cast(out.tensor, out_t.tensor, input, scale.tensor, amax.tensor, prologue, with);
+    std::vector<std::uint8_t> all = bytes(out);
+    for (std::uint8_t q : bytes(out_t)) all.push_back(q);
+    return std::make_pair(all, floats(amax)[0]);
+  };
+  be_->gelu_forward(staged.tensor, xs.tensor);
+  EXPECT_EQ(cast(xs.tensor, Prologue::gelu, {}), cast(staged.tensor, Prologue::none, {}));
+  be_->gelu_backward(staged.tensor, xs.tensor, pres.tensor);
+  EXPECT_EQ(cast(xs.tensor, Prologue::gelu_backward, pres.tensor), cast(staged.tensor, Prologue::none, {}));
+  EXPECT_NE(cast(xs.tensor, Prologue::gelu, {}), cast(xs.tensor, Prologue::none, {}));
+
+  const OwnedTensor out = tensor({2, 3}, DType::e4m3), amax = tensor({1}, DType::f32, {0.0});
+  EXPECT_THROW(be_->fp8_cast(out.tensor, {}, xs.tensor, scale.tensor, amax.tensor, Prologue::gelu_backward, {}),
+               std::invalid_argument);
+  EXPECT_THROW(be_->fp8_cast(out.tensor, {}, xs.tensor, scale.tensor, amax.tensor, Prologue::gelu, pres.tensor),
+               std::invalid_argument);
 }
 
 TEST_F(CpuFp8, DelayedScalingFollowsTheHistoryAndSkipsNonFiniteAmax) {

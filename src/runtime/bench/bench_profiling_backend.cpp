@@ -134,8 +134,9 @@ void ProfilingBackend::add(Tensor out, Tensor a, Tensor b) {
 void ProfilingBackend::clamp(Tensor x, double lowest, double highest) {
   timed("clamp", [&] { inner_.clamp(x, lowest, highest); });
 }
-void ProfilingBackend::fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) {
-  timed("fp8_cast", [&] { inner_.fp8_cast(out, out_t, x, scale, amax); });
+void ProfilingBackend::fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax, Fp8Prologue prologue,
+                                Tensor pre) {
+  timed("fp8_cast", [&] { inner_.fp8_cast(out, out_t, x, scale, amax, prologue, pre); });
 }
 void ProfilingBackend::fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
                                          int margin) {

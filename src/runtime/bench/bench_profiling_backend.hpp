@@ -57,7 +57,8 @@ class ProfilingBackend final : public Backend {
   void gelu_backward(Tensor dx, Tensor dout, Tensor x) override;
   void add(Tensor out, Tensor a, Tensor b) override;
   void clamp(Tensor x, double lowest, double highest) override;
-  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax) override;
+  void fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax, Fp8Prologue prologue,
+                Tensor pre) override;
   void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
                          int margin) override;
   void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
