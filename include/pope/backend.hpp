@@ -272,12 +272,13 @@ class Backend {
   // to 0. The factors' rows are 16 bytes since cuBLASLt reads each factor from a 16-byte boundary.
   virtual void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
                                  int margin) = 0;
-  // out [M, N] = (a / a_scale) · (b / b_scale)ᵀ + beta · out, given the inverse scales: a [M, K] and
+  // out [M, N] = (a / a_scale) · (b / b_scale)ᵀ + beta · c, given the inverse scales: a [M, K] and
   // b [N, K] FP8, not both e5m2; a_scale_inv, b_scale_inv f32 [1] or [1, kFp8FactorRow] (a row of
   // fp8_update_scales' scale_inv), the factor first, 16-byte aligned on the GPU; out the activation
-  // dtype (beta 0) or f32. fast_accumulation lets the GPU accumulate less exactly (forward products).
+  // dtype or f32. c is addend when given (out's shape and dtype: the residual add fused into the
+  // product), else out. fast_accumulation lets the GPU accumulate less exactly (forward products).
   virtual void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
-                          bool fast_accumulation) = 0;
+                          bool fast_accumulation, Tensor addend = {}) = 0;
   virtual bool has_fp8_tensor_cores() const { return false; }
 
   // GELU, tanh approximation. backward writes dx = dout · gelu'(x) (dx may alias dout).

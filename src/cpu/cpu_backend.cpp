@@ -135,8 +135,8 @@ template <class Real> class CpuBackend final : public Backend {
     cpu::fp8_update_scales(amax, history, scale, scale_inv, format, margin);
   }
   void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
-                  bool /*fast_accumulation: the CPU is exact*/) override {
-    cpu::fp8_matmul<Real>(threads_, out, a, a_scale_inv, b, b_scale_inv, beta);
+                  bool /*fast_accumulation: the CPU is exact*/, Tensor addend) override {
+    cpu::fp8_matmul<Real>(threads_, out, a, a_scale_inv, b, b_scale_inv, beta, addend);
   }
   void attention_forward(const AttentionForward& args) override { cpu::attention_forward<Real>(threads_, args); }
   void attention_backward(const AttentionBackward& args) override { cpu::attention_backward<Real>(threads_, args); }

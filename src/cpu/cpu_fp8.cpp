@@ -80,9 +80,11 @@ void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_i
 }
 
 template <class Real>
-void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta) {
+void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
+                Tensor addend) {
   const checks::Fp8MatmulShape shape =
-      checks::check_fp8_matmul(DeviceKind::cpu, out, a, a_scale_inv, b, b_scale_inv, dtype_of<Real>());
+      checks::check_fp8_matmul(DeviceKind::cpu, out, a, a_scale_inv, b, b_scale_inv, dtype_of<Real>(), addend);
+  const Tensor c = addend.empty() ? out : addend;
   const std::int64_t M = shape.m, N = shape.n, K = shape.k;
   const Real factor = Real(*a_scale_inv.as<float>()) * Real(*b_scale_inv.as<float>());
   const auto* qa = static_cast<const std::uint8_t*>(a.data);
@@ -95,11 +97,11 @@ void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
       for (std::int64_t k = 0; k < K; ++k) sum += row[std::size_t(k)] * Real(fp8_to_float(qb[j * K + k], b.dtype));
       const Real value = sum * factor;
       if (out.dtype == DType::f32) {
-        float& o = out.as<float>()[i * N + j];
-        o = float(value + (beta != 0.0 ? Real(beta) * Real(o) : Real(0)));
+        const Real prior = beta != 0.0 ? Real(beta) * Real(c.as<float>()[i * N + j]) : Real(0);
+        out.as<float>()[i * N + j] = float(value + prior);
       } else {
-        Real& o = out.as<Real>()[i * N + j];
-        o = value + (beta != 0.0 ? Real(beta) * o : Real(0));
+        const Real prior = beta != 0.0 ? Real(beta) * c.as<Real>()[i * N + j] : Real(0);
+        out.as<Real>()[i * N + j] = value + prior;
       }
     }
   });
@@ -107,7 +109,7 @@ void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b,
 
 template void fp8_cast<float>(int, Tensor, Tensor, Tensor, Tensor, Tensor, Backend::Fp8Prologue, Tensor);
 template void fp8_cast<double>(int, Tensor, Tensor, Tensor, Tensor, Tensor, Backend::Fp8Prologue, Tensor);
-template void fp8_matmul<float>(int, Tensor, Tensor, Tensor, Tensor, Tensor, double);
-template void fp8_matmul<double>(int, Tensor, Tensor, Tensor, Tensor, Tensor, double);
+template void fp8_matmul<float>(int, Tensor, Tensor, Tensor, Tensor, Tensor, double, Tensor);
+template void fp8_matmul<double>(int, Tensor, Tensor, Tensor, Tensor, Tensor, double, Tensor);
 
 }  // namespace pope::cpu

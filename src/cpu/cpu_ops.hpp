@@ -55,7 +55,8 @@ void fp8_cast(int threads, Tensor out, Tensor out_t, Tensor x, Tensor scale, Ten
               Tensor pre);
 void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format, int margin);
 template <class Real>
-void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta);
+void fp8_matmul(int threads, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
+                Tensor addend);
 
 // cpu_optimizer.cpp
 template <class Real> double sum_of_squares(int threads, Tensor x);

@@ -532,9 +532,9 @@ class CudaBackend final : public Backend {
   }
 
   void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
-                  bool fast_accumulation) override {
+                  bool fast_accumulation, Tensor addend) override {
     const checks::Fp8MatmulShape shape =
-        checks::check_fp8_matmul(DeviceKind::cuda, out, a, a_scale_inv, b, b_scale_inv, DType::bf16);
+        checks::check_fp8_matmul(DeviceKind::cuda, out, a, a_scale_inv, b, b_scale_inv, DType::bf16, addend);
     require_fp8_tensor_cores("fp8_matmul");
     if (shape.m == 0 || shape.n == 0) return;
     cuda::GemmCall call;
@@ -546,6 +546,7 @@ class CudaBackend final : public Backend {
     call.a_type = gemm_operand(a.dtype), call.b_type = gemm_operand(b.dtype);
     call.a_scale_inv = a_scale_inv.as<float>(), call.b_scale_inv = b_scale_inv.as<float>();
     call.beta = float(beta);
+    call.addend = addend.empty() ? nullptr : addend.data;
     call.fast_accumulation = fast_accumulation;
     matmul_->run(call, stream_);
   }

@@ -68,7 +68,7 @@ std::int64_t check_fp8_update(DeviceKind device, const Tensor& amax, const Tenso
 }
 
 Fp8MatmulShape check_fp8_matmul(DeviceKind device, const Tensor& out, const Tensor& a, const Tensor& a_scale_inv,
-                                const Tensor& b, const Tensor& b_scale_inv, DType out_dtype) {
+                                const Tensor& b, const Tensor& b_scale_inv, DType out_dtype, const Tensor& addend) {
   constexpr std::string_view op = "fp8_matmul";
   check_fp8_matrix(device, op, "a", a);
   check_fp8_matrix(device, op, "b", b);
@@ -79,6 +79,7 @@ Fp8MatmulShape check_fp8_matmul(DeviceKind device, const Tensor& out, const Tens
   require(out.dtype == out_dtype || out.dtype == DType::f32, op,
           fmt::format("out is {}, expected {} or f32", dtype_name(out.dtype), dtype_name(out_dtype)));
   check_matrix(device, op, "out", out, out.dtype, shape.m, shape.n);
+  if (!addend.empty()) check_matrix(device, op, "addend", addend, out.dtype, shape.m, shape.n);
   check_fp8_factor(device, op, "a_scale_inv", a_scale_inv);
   check_fp8_factor(device, op, "b_scale_inv", b_scale_inv);
   return shape;

@@ -26,8 +26,9 @@ std::int64_t check_fp8_update(DeviceKind device, const Tensor& amax, const Tenso
 struct Fp8MatmulShape {
   std::int64_t m = 0, n = 0, k = 0;
 };
-// a [M, K], b [N, K] FP8, not both e5m2; factors f32 [1] or [1, kFp8FactorRow]; out [M, N] of out_dtype or f32.
+// a [M, K], b [N, K] FP8, not both e5m2; factors f32 [1] or [1, kFp8FactorRow]; out [M, N] of out_dtype or f32;
+// addend empty or as out.
 Fp8MatmulShape check_fp8_matmul(DeviceKind device, const Tensor& out, const Tensor& a, const Tensor& a_scale_inv,
-                                const Tensor& b, const Tensor& b_scale_inv, DType out_dtype);
+                                const Tensor& b, const Tensor& b_scale_inv, DType out_dtype, const Tensor& addend);
 
 }  // namespace pope::checks

@@ -73,7 +73,7 @@ void Fp8Linears::cast(Slot s, Tensor out, Tensor out_t, Tensor x, std::int64_t i
   backend_.fp8_cast(out, out_t, x, s.scale, s.amax, prologue, pre);
 }
 
-void Fp8Linears::forward(int layer, Linear which, Tensor out, Tensor x, Tensor w, Prologue prologue) {
+void Fp8Linears::forward(int layer, Linear which, Tensor out, Tensor x, Tensor w, Prologue prologue, Tensor addend) {
   const std::int64_t i = index(layer, which), count = std::int64_t(n_layer_) * kLinears;
   const std::int64_t rows = x.dim(0);
   if (rows != rows_) throw std::logic_error("Fp8Linears::forward: not the reserved rows");
@@ -82,7 +82,8 @@ void Fp8Linears::forward(int layer, Linear which, Tensor out, Tensor x, Tensor w
   const Slot sw = slot(e4m3_, count + i), sx = slot(e4m3_, i);
   cast(sw, w_[std::size_t(i)].tensor, w_t_[std::size_t(i)].tensor, w, count + i, DType::e4m3, Prologue::none, {});
   cast(sx, x8, x_t, x, i, DType::e4m3, prologue, {});
-  backend_.fp8_matmul(out, x8, sx.scale_inv, w_[std::size_t(i)].tensor, sw.scale_inv, 0.0, true);
+  backend_.fp8_matmul(out, x8, sx.scale_inv, w_[std::size_t(i)].tensor, sw.scale_inv, addend.empty() ? 0.0 : 1.0, true,
+                      addend);
 }
 
 void Fp8Linears::backward(int layer, Linear which, Tensor dx, Tensor dw, Tensor dy, Prologue prologue, Tensor pre) {

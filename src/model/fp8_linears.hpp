@@ -26,9 +26,11 @@ class Fp8Linears {
   void reserve(std::int64_t rows);
 
   using Prologue = Backend::Fp8Prologue;
-  // out [rows, N] (activation dtype) = x [rows, K] · wᵀ, w [N, K], through FP8; with the gelu
-  // prologue, gelu(x) takes x's place (x the GELU's input), fused into x's cast.
-  void forward(int layer, Linear which, Tensor out, Tensor x, Tensor w, Prologue prologue = Prologue::none);
+  // out [rows, N] (activation dtype) = x [rows, K] · wᵀ (+ addend, out's shape, when given: the
+  // residual add in the product), w [N, K], through FP8; with the gelu prologue, gelu(x) takes x's
+  // place (x the GELU's input), fused into x's cast.
+  void forward(int layer, Linear which, Tensor out, Tensor x, Tensor w, Prologue prologue = Prologue::none,
+               Tensor addend = {});
   // dx [rows, K] = dy · w (skipped when empty) and dw [N, K] (f32) += dyᵀ · x, with the x of the
   // last forward of this layer and linear; dy [rows, N]. With the gelu_backward prologue,
   // dy · gelu'(pre) takes dy's place (dy the gradient of GELU's output, pre its input).

@@ -392,17 +392,17 @@ void Model::layer_forward(int l, const LayerTensors& t, bool recompute, const La
   std::vector<Tensor> pparams;  // read from the master weights: the encodings work in fp32
   for (auto idx : li.position) pparams.push_back(layout_.view(params_.tensor, idx));
   if (fp8_ && t.fp8) {
-    // The four products in FP8: the residual adds as ops of their own, the GELU fused into the cast of
-    // the MLP output layer's input (t.fc_act is not written).
+    // The four products in FP8, the residual adds in the products, the GELU in the cast of the MLP
+    // output layer's input (t.fc_act is not written).
     be.rmsnorm_forward(t.norm1, t.rstd1, t.residual, weight(li.attn_norm), config_.norm_eps);
     fp8_->forward(l, Fp8Linears::qkv, t.qkv, t.norm1, weight(li.qkv));
     attention(t, pparams);
-    fp8_->forward(l, Fp8Linears::attn_proj, t.residual_mid, t.attn, weight(li.attn_proj));
-    be.add(t.residual_mid, t.residual_mid, t.residual);
+    fp8_->forward(l, Fp8Linears::attn_proj, t.residual_mid, t.attn, weight(li.attn_proj), Fp8Linears::Prologue::none,
+                  t.residual);
     be.rmsnorm_forward(t.norm2, t.rstd2, t.residual_mid, weight(li.mlp_norm), config_.norm_eps);
     fp8_->forward(l, Fp8Linears::mlp_fc, t.fc_pre, t.norm2, weight(li.fc));
-    fp8_->forward(l, Fp8Linears::mlp_proj, t.residual_out, t.fc_pre, weight(li.mlp_proj), Fp8Linears::Prologue::gelu);
-    be.add(t.residual_out, t.residual_out, t.residual_mid);
+    fp8_->forward(l, Fp8Linears::mlp_proj, t.residual_out, t.fc_pre, weight(li.mlp_proj), Fp8Linears::Prologue::gelu,
+                  t.residual_mid);
     return;
   }
   be.rmsnorm_matmul(t.qkv, t.norm1, t.rstd1, t.residual, weight(li.attn_norm), config_.norm_eps, weight(li.qkv));

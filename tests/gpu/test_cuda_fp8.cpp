@@ -359,8 +359,8 @@ TEST(CudaFp8, ProductsOutsideTheKMajorLayoutAreRefused) {
 }
 
 // The CUDA backend's FP8 ops against the CPU backend's on the same values: the casts (both
-// layouts and the amax) and the scale update bit for bit, the products within bf16's rounding of
-// the output and the tensor cores' accumulation.
+// layouts and the amax) and the scale update bit for bit, the products (one accumulating into f32,
+// one adding a residual into bf16) within the output's rounding and the tensor cores' accumulation.
 class CudaFp8Ops : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -381,19 +381,23 @@ TEST_F(CudaFp8Ops, CastsAndScalesEqualTheCpuBitwiseAndProductsWithinTolerance) {
   a[5] = 3008.0f;  // a bf16 value past e4m3's range once scaled: saturates on both
   const std::vector<float> a_scale{0.2f}, b_scale{5000.0f}, zero{0.0f};
   struct Side {
-    pope::OwnedTensor a, b, a8, a8_t, b8, sa, sb, amax_a, amax_b, out;
+    pope::OwnedTensor a, b, a8, a8_t, b8, sa, sb, amax_a, amax_b, out, addend, added;
   };
+  const std::vector<float> residual = normal_values(M * N, 33, 1.0f);
   auto side = [&](pope::Backend& be, DType activation) {
     Side s{make_tensor(be, {M, K}, activation, a), make_tensor(be, {N, K}, activation, b),
            pope::allocate_tensor(be, {M, K}, DType::e4m3), pope::allocate_tensor(be, {K, M}, DType::e4m3),
            pope::allocate_tensor(be, {N, K}, DType::e4m3), make_tensor(be, {1}, DType::f32, a_scale),
            make_tensor(be, {1}, DType::f32, b_scale), make_tensor(be, {1}, DType::f32, zero),
-           make_tensor(be, {1}, DType::f32, zero), make_tensor(be, {M, N}, DType::f32, std::vector<float>(M * N, 0.5f))};
+           make_tensor(be, {1}, DType::f32, zero), make_tensor(be, {M, N}, DType::f32, std::vector<float>(M * N, 0.5f)),
+           make_tensor(be, {M, N}, activation, residual), pope::allocate_tensor(be, {M, N}, activation)};
     be.fp8_cast(s.a8.tensor, s.a8_t.tensor, s.a.tensor, s.sa.tensor, s.amax_a.tensor);
     be.fp8_cast(s.b8.tensor, {}, s.b.tensor, s.sb.tensor, s.amax_b.tensor);
     const std::vector<float> inv_a{1.0f / a_scale[0]}, inv_b{1.0f / b_scale[0]};
     const pope::OwnedTensor ia = make_tensor(be, {1}, DType::f32, inv_a), ib = make_tensor(be, {1}, DType::f32, inv_b);
     be.fp8_matmul(s.out.tensor, s.a8.tensor, ia.tensor, s.b8.tensor, ib.tensor, 1.0, false);
+    // The residual add of the forward: a bf16 (activation dtype) out from an addend.
+    be.fp8_matmul(s.added.tensor, s.a8.tensor, ia.tensor, s.b8.tensor, ib.tensor, 1.0, true, s.addend.tensor);
     be.synchronize();
     return s;
   };
@@ -410,6 +414,9 @@ TEST_F(CudaFp8Ops, CastsAndScalesEqualTheCpuBitwiseAndProductsWithinTolerance) {
   EXPECT_EQ(pope::test::download(*gpu_, g.amax_b.tensor), pope::test::download(*cpu_, c.amax_b.tensor));
   EXPECT_LT(pope::test::relative_error(pope::test::download(*gpu_, g.out.tensor), pope::test::download(*cpu_, c.out.tensor)),
             1e-3);
+  EXPECT_LT(
+      pope::test::relative_error(pope::test::download(*gpu_, g.added.tensor), pope::test::download(*cpu_, c.added.tensor)),
+      5e-3);  // bf16 output, fast accumulation
 
   // The scale update, with a history of 2, over amax values finite and not.
   const std::vector<float> amax{3.0f, std::nanf(""), 0.0f, 1e-30f}, history(8, 0.5f), ones(4 * pope::kFp8FactorRow, 1.0f);

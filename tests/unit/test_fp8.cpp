@@ -179,8 +179,13 @@ TEST_F(CpuFp8, ProductIsTheExactProductOfTheDequantisedOperands) {
   be_->fp8_cast(a8.tensor, {}, at.tensor, sa.tensor, amax.tensor);
   be_->fp8_cast(b8.tensor, {}, bt.tensor, sb.tensor, amax.tensor);
   be_->fp8_matmul(out.tensor, a8.tensor, sa_inv.tensor, b8.tensor, sb_inv.tensor, 1.0, false);
-  std::vector<double> got(M * N);
+  // The same sum with the prior read from an addend: out's own values are not read.
+  const OwnedTensor addend = tensor({M, N}, DType::f64, prior),
+                    fresh = tensor({M, N}, DType::f64, std::vector<double>(M * N, 1e6));
+  be_->fp8_matmul(fresh.tensor, a8.tensor, sa_inv.tensor, b8.tensor, sb_inv.tensor, 1.0, false, addend.tensor);
+  std::vector<double> got(M * N), got_addend(M * N);
   be_->copy_to_host(got.data(), out.tensor);
+  be_->copy_to_host(got_addend.data(), fresh.tensor);
   const std::vector<std::uint8_t> qa = bytes(a8), qb = bytes(b8);
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
@@ -188,6 +193,7 @@ TEST_F(CpuFp8, ProductIsTheExactProductOfTheDequantisedOperands) {
       for (int k = 0; k < K; ++k)
         want += double(fp8_to_float(qa[i * K + k], DType::e5m2)) * fp8_to_float(qb[j * K + k], DType::e4m3);
       EXPECT_NEAR(got[i * N + j], want / 512 + prior[i * N + j], 1e-12);
+      EXPECT_EQ(got_addend[i * N + j], got[i * N + j]);
     }
 }
 

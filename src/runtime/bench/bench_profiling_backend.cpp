@@ -143,8 +143,9 @@ void ProfilingBackend::fp8_update_scales(Tensor amax, Tensor history, Tensor sca
   timed("fp8_update_scales", [&] { inner_.fp8_update_scales(amax, history, scale, scale_inv, format, margin); });
 }
 void ProfilingBackend::fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
-                                  double beta, bool fast_accumulation) {
-  timed("fp8_matmul", [&] { inner_.fp8_matmul(out, a, a_scale_inv, b, b_scale_inv, beta, fast_accumulation); });
+                                  double beta, bool fast_accumulation, Tensor addend) {
+  timed("fp8_matmul",
+        [&] { inner_.fp8_matmul(out, a, a_scale_inv, b, b_scale_inv, beta, fast_accumulation, addend); });
 }
 void ProfilingBackend::attention_forward(const AttentionForward& args) {
   timed("attention_forward", [&] { inner_.attention_forward(args); });

@@ -62,7 +62,7 @@ class ProfilingBackend final : public Backend {
   void fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
                          int margin) override;
   void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, double beta,
-                  bool fast_accumulation) override;
+                  bool fast_accumulation, Tensor addend) override;
   bool has_fp8_tensor_cores() const override { return inner_.has_fp8_tensor_cores(); }
   void attention_forward(const AttentionForward& args) override;
   void attention_backward(const AttentionBackward& args) override;
