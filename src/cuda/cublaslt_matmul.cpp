@@ -104,7 +104,6 @@ cudaDataType_t operand_type(GemmOperand operand) {
 
 bool is_fp8(const GemmCall& call) { return call.a_type != GemmOperand::bf16 || call.b_type != GemmOperand::bf16; }
 
-// The combinations cuBLASLt's FP8 kernels take; anything else is a caller's bug.
 const char* operand_name(GemmOperand operand) {
   switch (operand) {
     case GemmOperand::bf16: return "bf16";
@@ -124,11 +123,12 @@ std::string describe(const GemmCall& call) {
       call.transpose_b ? ", transposed" : "", call.beta, static_cast<int>(call.epilogue), alignment_bytes(call.a),
       alignment_bytes(call.b), alignment_bytes(call.out), alignment_bytes(c_operand(call)));
   if (is_fp8(call))
-    text += fmt::format(", scale factors {}, {}{}", alignment_bytes(call.a_scale_inv), alignment_bytes(call.b_scale_inv),
+    text += fmt::format(", dequantization factors {}, {}{}", alignment_bytes(call.a_scale_inv), alignment_bytes(call.b_scale_inv),
                         call.fast_accumulation ? "; fast accumulation" : "");
   return text;
 }
 
+// The combinations cuBLASLt's FP8 kernels take; anything else is a caller's bug.
 void check_fp8_call(const GemmCall& call) {
   if (call.a_type == GemmOperand::bf16 || call.b_type == GemmOperand::bf16)
     throw std::logic_error("matmul: FP8 needs both operands in FP8");
