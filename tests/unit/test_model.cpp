@@ -11,6 +11,7 @@
 #include "pope/model.hpp"
 #include "pope/rng.hpp"
 #include "model_shape.hpp"
+#include "random_tokens.hpp"
 
 using namespace pope;
 
@@ -40,11 +41,7 @@ ModelConfig tiny_model(const std::string& kind) {
   return c;
 }
 
-std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
-  for (auto& x : t) x = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(vocab)));
-  return t;
-}
+using pope::testing::random_tokens;
 
 }  // namespace
 

@@ -4,11 +4,14 @@
 // activation recompute changes nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "model_shape.hpp"
+#include "random_tokens.hpp"
+#include "vector_compare.hpp"
 #include "pope/backend.hpp"
 #include "pope/model.hpp"
 #include "pope/rng.hpp"
@@ -26,15 +29,9 @@ ModelConfig fp8_test_model(const std::string& kind) {
   return c;
 }
 
-double cosine(const std::vector<double>& a, const std::vector<double>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    ab += a[i] * b[i];
-    aa += a[i] * a[i];
-    bb += b[i] * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
+using pope::testing::cosine;
+using pope::testing::norm_ratio;
+using pope::testing::random_tokens;
 
 class ModelFp8 : public ::testing::TestWithParam<std::string> {};
 
@@ -48,9 +45,7 @@ TEST_P(ModelFp8, LossAndEveryGradientStayCloseToTheExactModels) {
   Rng rng(6);
   const int B = 4, T = 16;
   for (int step = 0; step < 3; ++step) {  // the first casts calibrate; the later ones use delayed scales
-    std::vector<std::int32_t> tokens(B * T), targets(B * T);
-    for (auto& t : tokens) t = std::int32_t(rng.below(std::uint64_t(c.vocab_size)));
-    for (auto& t : targets) t = std::int32_t(rng.below(std::uint64_t(c.vocab_size)));
+    const auto tokens = random_tokens(rng, B * T, c.vocab_size), targets = random_tokens(rng, B * T, c.vocab_size);
     exact.zero_gradients();
     fp8.zero_gradients();
     const double scale = 1.0 / (B * T);
@@ -74,12 +69,9 @@ TEST_P(ModelFp8, LossAndEveryGradientStayCloseToTheExactModels) {
       ASSERT_EQ(offset(g, fp8.gradients()), begin);
       const std::vector<double> a(got_grads.begin() + begin, got_grads.begin() + begin + n),
           b(want_grads.begin() + begin, want_grads.begin() + begin + n);
-      double norm = 0, got_norm = 0;
-      for (double v : b) norm += v * v;
-      for (double v : a) got_norm += v * v;
-      if (norm == 0) continue;  // padded vocabulary rows
+      if (std::all_of(b.begin(), b.end(), [](double v) { return v == 0.0; })) continue;  // padded vocabulary rows
       EXPECT_GT(cosine(a, b), 0.98) << layout.specs()[p].name << ", step " << step;
-      EXPECT_NEAR(std::sqrt(got_norm / norm), 1.0, 0.1) << layout.specs()[p].name << ", step " << step;
+      EXPECT_NEAR(norm_ratio(a, b), 1.0, 0.1) << layout.specs()[p].name << ", step " << step;
     }
     // Both models take the same plain SGD step, so that later steps start from equal weights.
     std::vector<double> weights(want_grads.size());
@@ -91,9 +83,7 @@ TEST_P(ModelFp8, LossAndEveryGradientStayCloseToTheExactModels) {
     fp8.refresh_compute_weights();
   }
   // Micro-batches accumulate: a second backward of the same batch doubles the gradients.
-  std::vector<std::int32_t> tokens(B * T), targets(B * T);
-  for (auto& t : tokens) t = std::int32_t(rng.below(std::uint64_t(c.vocab_size)));
-  for (auto& t : targets) t = std::int32_t(rng.below(std::uint64_t(c.vocab_size)));
+  const auto tokens = random_tokens(rng, B * T, c.vocab_size), targets = random_tokens(rng, B * T, c.vocab_size);
   fp8.zero_gradients();
   fp8.forward_backward(tokens.data(), targets.data(), B, T, 1.0);
   std::vector<double> once(std::size_t(fp8.gradients().numel())), twice(once.size());
@@ -126,9 +116,7 @@ TEST(ModelFp8Recompute, GivesBitwiseTheSameLossAndGradients) {
   }
   recomputed.set_activation_recompute(true);
   Rng rng(10);
-  std::vector<std::int32_t> tokens(32), targets(32);
-  for (auto& t : tokens) t = std::int32_t(rng.below(std::uint64_t(c.vocab_size)));
-  for (auto& t : targets) t = std::int32_t(rng.below(std::uint64_t(c.vocab_size)));
+  const auto tokens = random_tokens(rng, 32, c.vocab_size), targets = random_tokens(rng, 32, c.vocab_size);
   for (int step = 0; step < 2; ++step) {
     plain.zero_gradients();
     recomputed.zero_gradients();
