@@ -6,6 +6,7 @@
 #include "block_reduce.cuh"
 #include "fp8_cast.cuh"
 #include "gelu.cuh"
+#include "grid.cuh"
 
 namespace pope::kernels {
 
@@ -116,10 +117,6 @@ __global__ void __launch_bounds__(kVecThreads)
   fold_amax(bits, amax);
 }
 
-bool aligned_to(const void* pointer, std::uintptr_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
-}
-
 __global__ void update_scales_kernel(float* amax, float* history, int length, float* scale, float* scale_inv,
                                      int factor_row, int count, float max_value, float margin_factor) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -141,13 +138,12 @@ __global__ void update_scales_kernel(float* amax, float* history, int length, fl
   }
 }
 
-
 template <Fp8CastPrologue P>
 cudaError_t launch_cast(const __nv_bfloat16* x, const __nv_bfloat16* pre, std::int64_t rows, std::int64_t cols,
                         Fp8Format format, const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax,
                         cudaStream_t stream) {
-  if (rows % kVecTile == 0 && cols % kVecTile == 0 && aligned_to(x, 16) && aligned_to(pre, 16) && aligned_to(out, 8) &&
-      aligned_to(out_t, 8)) {
+  if (rows % kVecTile == 0 && cols % kVecTile == 0 && aligned16(x) && aligned16(pre) && aligned16(out) &&
+      aligned16(out_t)) {
     const dim3 tiles(unsigned(cols / kVecTile), unsigned(rows / kVecTile));
     if (tiles.y > 65535u) return cudaErrorInvalidValue;
     cast_transpose_vec_kernel<P><<<tiles, kVecThreads, 0, stream>>>(x, pre, rows, cols, format, scale, out, out_t, amax);
