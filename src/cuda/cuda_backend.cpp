@@ -63,6 +63,14 @@ __nv_bfloat16* bf16_data(const Tensor& t) { return static_cast<__nv_bfloat16*>(t
 kernels::Fp8Format kernel_format(DType format) {
   return format == DType::e4m3 ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2;
 }
+kernels::Fp8CastPrologue kernel_prologue(Backend::Fp8Prologue prologue) {
+  switch (prologue) {
+    case Backend::Fp8Prologue::none: return kernels::Fp8CastPrologue::none;
+    case Backend::Fp8Prologue::gelu: return kernels::Fp8CastPrologue::gelu;
+    case Backend::Fp8Prologue::gelu_backward: return kernels::Fp8CastPrologue::gelu_backward;
+  }
+  throw std::logic_error("fp8_cast: unhandled prologue");
+}
 cuda::GemmOperand gemm_operand(DType format) {
   return format == DType::e4m3 ? cuda::GemmOperand::e4m3 : cuda::GemmOperand::e5m2;
 }
@@ -511,14 +519,10 @@ class CudaBackend final : public Backend {
     const checks::Fp8CastShape shape = checks::check_fp8_cast(DeviceKind::cuda, out, out_t, x, DType::bf16, scale, amax,
                                                               pre, prologue == Fp8Prologue::gelu_backward);
     require_fp8_tensor_cores("fp8_cast");
-    const kernels::Fp8CastPrologue kernel_prologue = prologue == Fp8Prologue::gelu ? kernels::Fp8CastPrologue::gelu
-                                                     : prologue == Fp8Prologue::gelu_backward
-                                                         ? kernels::Fp8CastPrologue::gelu_backward
-                                                         : kernels::Fp8CastPrologue::none;
     launched(kernels::fp8_cast_transpose_bf16(bf16_data(x), shape.rows, shape.cols, kernel_format(shape.format),
                                               scale.as<float>(), static_cast<std::uint8_t*>(out.data),
                                               static_cast<std::uint8_t*>(out_t.data), amax.as<float>(), stream_,
-                                              kernel_prologue, pre.empty() ? nullptr : bf16_data(pre)),
+                                              kernel_prologue(prologue), pre.empty() ? nullptr : bf16_data(pre)),
              "fp8_cast");
   }
 
