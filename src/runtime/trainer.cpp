@@ -22,8 +22,8 @@
 #include "pope/distributed.hpp"
 #include "pope/sample.hpp"
 #include "pope/train_step.hpp"
-#include "runtime/model_options.hpp"
 #include "runtime/delta_bounds.hpp"
+#include "runtime/model_options.hpp"
 #include "runtime/progress.hpp"
 #include "runtime/run_inputs.hpp"
 

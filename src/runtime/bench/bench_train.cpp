@@ -13,9 +13,9 @@
 #include "pope/model.hpp"
 #include "pope/optim.hpp"
 #include "runtime/bench/bench_batches.hpp"
-#include "runtime/model_options.hpp"
 #include "runtime/bench/bench_median.hpp"
 #include "runtime/bench/bench_profiling_backend.hpp"
+#include "runtime/model_options.hpp"
 #ifdef POPE_HAVE_CUDA
 #include "cuda/cuda_memory.hpp"
 #endif
