@@ -54,13 +54,14 @@ SampleBenchResult run_sample_benchmark(const RunConfig& config, const SampleBenc
 std::string format_sample_bench(const SampleBenchResult& result);
 nlohmann::json sample_bench_to_json(const SampleBenchResult& result);
 
-// Time of one op family (and, for matmuls, one shape) summed over the profiled step.
+// Time of one op family (and, for products and FP8 casts, one shape) summed over the profiled step.
 struct OpTime {
   std::string op;      // backend op name, e.g. "matmul", "attention_backward"
   std::string detail;  // "" or the shape, e.g. "out [1024, 2304] = a [1024, 768] · bᵀ [2304, 768]"
   long calls = 0;
   double seconds = 0.0;
-  double flops = 0.0;  // matmuls only (2·M·N·K per call); 0 elsewhere
+  double flops = 0.0;  // products only (2·M·N·K per call); 0 elsewhere
+  double bytes = 0.0;  // FP8 casts only: the bytes each call must read and write; 0 elsewhere
 };
 
 struct TrainBenchResult {

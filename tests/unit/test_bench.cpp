@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "cpu/cpu_backend.hpp"
 #include "pope/bench.hpp"
@@ -80,6 +82,32 @@ TEST(ProfilingBackend, ForwardsOpsAndTimesThemOnlyWhileEnabled) {
   EXPECT_EQ(matmul->calls, 2);
   EXPECT_DOUBLE_EQ(matmul->flops, 2 * (2.0 * 4 * 5 * 3));
   EXPECT_GT(matmul->seconds, 0.0);
+}
+
+TEST(ProfilingBackend, NamesFp8CastsAndProductsByShapeWithTheirWork) {
+  auto cpu = make_cpu_backend("float", 1);
+  ProfilingBackend profiler(*cpu);
+  profiler.set_enabled(true);
+  const OwnedTensor x = allocate_tensor(*cpu, {4, 8}, DType::f32), pre = allocate_tensor(*cpu, {4, 8}, DType::f32);
+  const OwnedTensor x8 = allocate_tensor(*cpu, {4, 8}, DType::e5m2), x8_t = allocate_tensor(*cpu, {8, 4}, DType::e5m2);
+  const OwnedTensor w8 = allocate_tensor(*cpu, {6, 8}, DType::e4m3), out = allocate_tensor(*cpu, {4, 6}, DType::f32);
+  const OwnedTensor scale = allocate_tensor(*cpu, {1}, DType::f32), amax = allocate_tensor(*cpu, {1}, DType::f32);
+  for (const OwnedTensor* t : {&x, &pre, &out, &amax}) cpu->fill(t->tensor, 0.0);
+  cpu->fill(scale.tensor, 1.0);
+  profiler.fp8_cast(x8.tensor, x8_t.tensor, x.tensor, scale.tensor, amax.tensor, Backend::Fp8Prologue::gelu_backward,
+                    pre.tensor);
+  profiler.fp8_cast({}, x8_t.tensor, x.tensor, scale.tensor, amax.tensor, Backend::Fp8Prologue::none, {});
+  profiler.fp8_matmul(out.tensor, x8.tensor, scale.tensor, w8.tensor, scale.tensor, 0.0, true, out.tensor);
+
+  std::map<std::string, OpTime> by_detail;
+  for (const OpTime& t : profiler.times()) by_detail[t.op + ": " + t.detail] = t;
+  ASSERT_EQ(by_detail.size(), 3u);
+  const OpTime& fused = by_detail.at("fp8_cast: x [4, 8] → e5m2 rows + ᵀ of x · gelu'(pre)");
+  EXPECT_DOUBLE_EQ(fused.bytes, 2 * 32 * 4 + 2 * 32) << "x and pre read (f32), both outputs written";
+  EXPECT_DOUBLE_EQ(by_detail.at("fp8_cast: x [4, 8] → e5m2 ᵀ").bytes, 32 * 4 + 32);
+  const OpTime& product = by_detail.at("fp8_matmul: out [4, 6] = a [4, 8] · bᵀ [6, 8] + addend");
+  EXPECT_DOUBLE_EQ(product.flops, 2.0 * 4 * 6 * 8);
+  EXPECT_EQ(product.bytes, 0.0);
 }
 
 TEST(TrainBenchmark, FlopsPerTokenFollowTheNanoGptConvention) {

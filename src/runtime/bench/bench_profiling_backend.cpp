@@ -35,12 +35,40 @@ const char* epilogue_name(Backend::MatmulEpilogue epilogue) {
   return "";
 }
 
+const char* prologue_name(Backend::Fp8Prologue prologue) {
+  switch (prologue) {
+    case Backend::Fp8Prologue::none:
+      return "";
+    case Backend::Fp8Prologue::gelu:
+      return " of gelu(x)";
+    case Backend::Fp8Prologue::gelu_backward:
+      return " of x · gelu'(pre)";
+  }
+  return "";
+}
+
+// "x [R, C] → e4m3 rows + ᵀ" names the cast by its shape, its outputs and its prologue.
+std::string cast_detail(const Tensor& out, const Tensor& out_t, const Tensor& x, Backend::Fp8Prologue prologue) {
+  const Tensor& format = out.empty() ? out_t : out;
+  const char* outputs = out.empty() ? "ᵀ" : out_t.empty() ? "rows" : "rows + ᵀ";
+  return fmt::format("x {} → {} {}{}", shape_string(x.shape), dtype_name(format.dtype), outputs,
+                     prologue_name(prologue));
+}
+
+// What the cast cannot avoid moving: x (and pre) read once, each output written once.
+double cast_bytes(const Tensor& out, const Tensor& out_t, const Tensor& x, const Tensor& pre) {
+  double bytes = 0.0;
+  for (const Tensor* t : {&out, &out_t, &x, &pre})
+    if (!t->empty()) bytes += double(t->nbytes());
+  return bytes;
+}
+
 }  // namespace
 
 template <class Call>
-auto ProfilingBackend::timed(const char* op, const std::function<std::string()>& detail, double flops, Call&& call) {
+auto ProfilingBackend::timed(const char* op, const std::function<std::string()>& detail, Work work, Call&& call) {
   if (!enabled_) return call();
-  PendingOp pending{op, detail ? detail() : std::string(), flops, inner_.make_timed_fence(), nullptr};
+  PendingOp pending{op, detail ? detail() : std::string(), work, inner_.make_timed_fence(), nullptr};
   pending.start->record();
   // Keeps this call's fence pair once the call is queued.
   auto record = [&] {
@@ -66,7 +94,8 @@ std::vector<OpTime> ProfilingBackend::times() {
     entry.detail = pending.detail;
     entry.calls += 1;
     entry.seconds += pending.end->seconds_since(*pending.start);
-    entry.flops += pending.flops;
+    entry.flops += pending.work.flops;
+    entry.bytes += pending.work.bytes;
   }
   pending_.clear();
   std::vector<OpTime> out;
@@ -111,14 +140,15 @@ void ProfilingBackend::matmul(Tensor out, Tensor a, Tensor b, bool transpose_a, 
                               double beta) {
   timed(
       "matmul", [&] { return matmul_detail(out, a, b, transpose_a, transpose_b, beta); },
-      matmul_flops(out, a, transpose_a), [&] { inner_.matmul(out, a, b, transpose_a, transpose_b, alpha, beta); });
+      Work{matmul_flops(out, a, transpose_a)},
+      [&] { inner_.matmul(out, a, b, transpose_a, transpose_b, alpha, beta); });
 }
 
 void ProfilingBackend::matmul_epilogue(Tensor out, Tensor a, Tensor b, bool transpose_a, bool transpose_b,
                                        MatmulEpilogue epilogue, Tensor aux) {
   timed(
       "matmul", [&] { return matmul_detail(out, a, b, transpose_a, transpose_b, 0.0) + epilogue_name(epilogue); },
-      matmul_flops(out, a, transpose_a),
+      Work{matmul_flops(out, a, transpose_a)},
       [&] { inner_.matmul_epilogue(out, a, b, transpose_a, transpose_b, epilogue, aux); });
 }
 
@@ -136,7 +166,9 @@ void ProfilingBackend::clamp(Tensor x, double lowest, double highest) {
 }
 void ProfilingBackend::fp8_cast(Tensor out, Tensor out_t, Tensor x, Tensor scale, Tensor amax, Fp8Prologue prologue,
                                 Tensor pre) {
-  timed("fp8_cast", [&] { inner_.fp8_cast(out, out_t, x, scale, amax, prologue, pre); });
+  timed(
+      "fp8_cast", [&] { return cast_detail(out, out_t, x, prologue); }, Work{0.0, cast_bytes(out, out_t, x, pre)},
+      [&] { inner_.fp8_cast(out, out_t, x, scale, amax, prologue, pre); });
 }
 void ProfilingBackend::fp8_update_scales(Tensor amax, Tensor history, Tensor scale, Tensor scale_inv, DType format,
                                          int margin) {
@@ -144,8 +176,13 @@ void ProfilingBackend::fp8_update_scales(Tensor amax, Tensor history, Tensor sca
 }
 void ProfilingBackend::fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
                                   double beta, bool fast_accumulation, Tensor addend) {
-  timed("fp8_matmul",
-        [&] { inner_.fp8_matmul(out, a, a_scale_inv, b, b_scale_inv, beta, fast_accumulation, addend); });
+  timed(
+      "fp8_matmul",
+      [&] {
+        return matmul_detail(out, a, b, false, true, addend.empty() ? beta : 0.0) + (addend.empty() ? "" : " + addend");
+      },
+      Work{matmul_flops(out, a, false)},
+      [&] { inner_.fp8_matmul(out, a, a_scale_inv, b, b_scale_inv, beta, fast_accumulation, addend); });
 }
 void ProfilingBackend::attention_forward(const AttentionForward& args) {
   timed("attention_forward", [&] { inner_.attention_forward(args); });

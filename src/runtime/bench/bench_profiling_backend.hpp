@@ -1,6 +1,6 @@
 // A timing decorator over another Backend: forwards every op and, while enabled, brackets
 // each one with two timed fences of the inner backend (CUDA events on the GPU), summing the
-// device time between them per op name (and per shape for matmuls). Nothing synchronises
+// device time between them per op name (and per shape for products and FP8 casts). Nothing synchronises
 // between ops, so the profiled step runs as a real eager one and short ops are not inflated by
 // launch and wake-up latency (synchronising around each op added tens of microseconds to
 // every short op). An op's time still includes any wait of the device for the host to queue
@@ -82,18 +82,21 @@ class ProfilingBackend final : public Backend {
 
  private:
   // Runs `call`; while enabled, records a timed fence before and after it and keeps the pair
-  // for the entry (op, detail) with `flops`. `detail` is only evaluated while enabled.
+  // for the entry (op, detail) with its work. `detail` is only evaluated while enabled.
+  struct Work {
+    double flops = 0.0, bytes = 0.0;
+  };
   template <class Call>
-  auto timed(const char* op, const std::function<std::string()>& detail, double flops, Call&& call);
+  auto timed(const char* op, const std::function<std::string()>& detail, Work work, Call&& call);
   template <class Call>
   auto timed(const char* op, Call&& call) {
-    return timed(op, nullptr, 0.0, call);
+    return timed(op, nullptr, Work{}, call);
   }
 
   // An op whose fences may not have been reached yet.
   struct PendingOp {
     std::string op, detail;
-    double flops = 0.0;
+    Work work;
     std::unique_ptr<TimedFence> start, end;
   };
 

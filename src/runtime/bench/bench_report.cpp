@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string_view>
 
 #include "pope/bench.hpp"
 
@@ -19,7 +20,7 @@ std::string optional_text(const std::optional<double>& value, const std::string&
   return value ? fmt::format(fmt::runtime(format_with), *value / divisor) : std::string("n/a");
 }
 
-// Per-op totals over every detail (matmul shapes), the slowest first.
+// Per-op totals over every detail (shapes), the slowest first.
 std::vector<OpTime> totals_per_op(const std::vector<OpTime>& profile) {
   std::map<std::string, OpTime> by_op;
   for (const OpTime& t : profile) {
@@ -50,11 +51,20 @@ std::string format_profile(const TrainBenchResult& r) {
   for (const OpTime& t : totals_per_op(r.profile))
     out += fmt::format("| {} | {} | {:.2f} | {:.1f} |\n", t.op, t.calls, t.seconds * 1e3,
                        op_sum > 0 ? 100.0 * t.seconds / op_sum : 0.0);
-  out += "\n| matmul (a linear layer computes x·Wᵀ) | calls | ms | TFLOP/s |\n|---|---:|---:|---:|\n";
-  for (const OpTime& t : r.profile)
-    if (t.op == "matmul")
-      out += fmt::format("| {} | {} | {:.2f} | {:.3g} |\n", t.detail, t.calls, t.seconds * 1e3,
-                         t.seconds > 0 ? t.flops / t.seconds / 1e12 : 0.0);
+  // One table per op timed by shape: products with their TFLOP/s, FP8 casts with their GB/s.
+  for (const char* op : {"matmul", "fp8_matmul", "fp8_cast"}) {
+    const bool cast = std::string_view(op) == "fp8_cast";
+    std::string rows;
+    for (const OpTime& t : r.profile)
+      if (t.op == op && !t.detail.empty())
+        rows += fmt::format("| {} | {} | {:.2f} | {:.3g} |\n", t.detail, t.calls, t.seconds * 1e3,
+                            t.seconds > 0 ? (cast ? t.bytes / 1e9 : t.flops / 1e12) / t.seconds : 0.0);
+    if (rows.empty()) continue;
+    out += fmt::format("\n| {} | calls | ms | {} |\n|---|---:|---:|---:|\n",
+                       cast ? "fp8_cast (bytes read and written once)" : fmt::format("{} (a linear layer computes x·Wᵀ)", op),
+                       cast ? "GB/s" : "TFLOP/s");
+    out += rows;
+  }
   return out;
 }
 
@@ -117,7 +127,8 @@ nlohmann::json train_bench_to_json(const TrainBenchResult& r) {
     nlohmann::json ops = nlohmann::json::array();
     for (const OpTime& t : r.profile)
       ops.push_back(
-          {{"op", t.op}, {"detail", t.detail}, {"calls", t.calls}, {"seconds", t.seconds}, {"flops", t.flops}});
+          {{"op", t.op}, {"detail", t.detail}, {"calls", t.calls}, {"seconds", t.seconds}, {"flops", t.flops},
+           {"bytes", t.bytes}});
     j["profile"] = {{"step_seconds", r.profiled_step_seconds}, {"ops", ops}};
   }
   return j;
